@@ -1,0 +1,103 @@
+# torchlab: a PyTorch workstation with Jupyter Notebook (8888) and OpenSSH (2222).
+#
+# Two ways to make the Python environment, one sequence of layers after it:
+#   ENV_SOURCE=conda (default): Miniconda base + `conda env create` from environment.yml
+#   ENV_SOURCE=pypi:            any Debian base + a venv with the same pins from PyPI wheels
+# A CA bundle for TLS-intercepting proxies comes in as a BuildKit secret (id=ca_bundle)
+# and never lands in a layer. See the Makefile for the build command.
+
+ARG ENV_SOURCE=conda
+# Debian 12 (bookworm), the last Miniconda line on it; Python 3.10 comes from environment.yml.
+ARG MINICONDA_IMAGE=continuumio/miniconda3:24.7.1-0
+ARG BASE_IMAGE=python:3.10-slim
+
+# ---------------------------------------------------------------- conda env (production)
+# The exact tag is in MINICONDA_IMAGE above.
+# hadolint ignore=DL3006
+FROM ${MINICONDA_IMAGE} AS env-conda
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY environment.yml config/envspec.py /tmp/torchlab/
+# A named env, not the base env; /opt/env points at it so both paths share one prefix.
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -f /run/secrets/ca_bundle ]; then \
+        export CONDA_SSL_VERIFY=/run/secrets/ca_bundle PIP_CERT=/run/secrets/ca_bundle; \
+    fi \
+ && conda env create --name torchlab --file /tmp/torchlab/environment.yml \
+ && conda clean --all --yes \
+ && ln -s /opt/conda/envs/torchlab /opt/env \
+ && /opt/env/bin/python /tmp/torchlab/envspec.py check --cuda 11.8 /tmp/torchlab/environment.yml
+
+# ---------------------------------------------------------------- PyPI env
+# The tag is in BASE_IMAGE above.
+# hadolint ignore=DL3006
+FROM ${BASE_IMAGE} AS env-pypi
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# PyTorch's CUDA 11.8 wheel index; empty means PyPI's default builds.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118
+COPY environment.yml config/envspec.py /tmp/torchlab/
+# hadolint ignore=DL3008
+RUN if ! command -v python3 >/dev/null; then \
+        apt-get update \
+     && apt-get install -y --no-install-recommends python3 python3-venv \
+     && rm -rf /var/lib/apt/lists/*; \
+    fi \
+ && python3 -m venv /opt/env
+RUN --mount=type=secret,id=ca_bundle \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    if [ -f /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+ && spec=(/tmp/torchlab/envspec.py) env_file=/tmp/torchlab/environment.yml \
+ && /opt/env/bin/pip install -r <(python3 "${spec[@]}" requirements rest "$env_file") \
+ && /opt/env/bin/pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+        -r <(python3 "${spec[@]}" requirements torch "$env_file") \
+ && cuda="$(case "$TORCH_INDEX_URL" in */cu118*) echo 11.8;; esac)" \
+ && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file"
+
+# ---------------------------------------------------------------- shared runtime
+# A stage of this file, not an image to pull.
+# hadolint ignore=DL3006
+FROM env-${ENV_SOURCE} AS runtime
+ARG ENV_SOURCE
+ENV PATH=/opt/env/bin:$PATH \
+    TORCHLAB_ENV_SOURCE=${ENV_SOURCE} \
+    NB_USER=jovyan NB_UID=1000 NB_GID=100 \
+    LANG=C.UTF-8 \
+    PYTHONUNBUFFERED=1
+
+# Services and the tools people use over SSH. Installing openssh-server makes host keys:
+# they are deleted here and made at first start, so no two containers share them.
+# hadolint ignore=DL3008
+RUN --mount=type=secret,id=ca_bundle \
+    apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo \
+        ca-certificates git less nano \
+ && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
+
+# The user: docker-stacks' contract (jovyan, UID 1000, GID 100 `users`).
+# `*` rather than the locked `!` password: no password login, yet sshd (without PAM)
+# still accepts keys for the account.
+RUN useradd --create-home --shell /bin/bash --uid 1000 --gid 100 --password '*' jovyan \
+ && mkdir -p /workspace /etc/ssh/host_keys /etc/ssh/authorized_keys /run/sshd \
+        /usr/local/bin/start-notebook.d /usr/local/bin/before-notebook.d \
+ && chown 1000:100 /workspace
+
+COPY config/sshd_config /etc/ssh/sshd_config
+COPY config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
+COPY config/profile.sh /etc/profile.d/torchlab.sh
+COPY config/healthcheck.sh /usr/local/bin/torchlab-healthcheck
+COPY environment.yml config/envspec.py /opt/torchlab/
+
+# Code last: a code-only change rebuilds from here in seconds.
+COPY train/ /opt/torchlab/train/
+COPY notebooks/ /opt/torchlab/notebooks/
+COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+
+EXPOSE 8888 2222
+WORKDIR /workspace
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["/usr/local/bin/torchlab-healthcheck"]
+# The entrypoint starts as root to set up the user, keys and sshd, then drops to NB_USER
+# for Jupyter and for any command given; only sshd's listener keeps root (privilege separated).
+ENTRYPOINT ["tini", "-g", "--", "/usr/local/bin/entrypoint.sh"]
+CMD []

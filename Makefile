@@ -1,0 +1,95 @@
+# torchlab: `make help` lists the targets. Variables (override on the command line):
+IMAGE ?= torchlab## image name
+ENV_SOURCE ?= conda## conda (Miniconda + environment.yml) or pypi (Debian base + venv)
+BASE_IMAGE ?= python:3.10-slim## base of the pypi path (any Debian image)
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cu118## pip index for torch on the pypi path; empty = PyPI
+CA_BUNDLE ?=## CA bundle for builds behind a TLS-intercepting proxy (a BuildKit secret, never in a layer)
+DATA ?=## host folder mounted at /data by `make run` (default: generated sample data)
+DOCKER ?= docker## docker CLI (needs BuildKit)
+SHM_SIZE ?= 8g## /dev/shm of `make run`
+JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
+SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
+
+SHELL := /bin/bash
+, := ,
+VENV := .venv
+SAMPLE_DATA := .cache/sample-data
+BUILD_ARGS := --build-arg ENV_SOURCE=$(ENV_SOURCE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE))
+
+.DEFAULT_GOAL := help
+.PHONY: help build base-debian run shell test test-static test-unit test-image lint export-env clean
+
+help: ## show this help
+	@echo "Targets:"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1|\2/' | column -t -s'|'
+	@echo "Variables:"
+	@grep -E '^[A-Z_]+ \?=.*## ' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?= ?(.*)## (.*)/  \1|[\2]|\3/' | column -t -s'|'
+
+build: ## build the image (ENV_SOURCE=conda or pypi)
+	DOCKER_BUILDKIT=1 $(DOCKER) build $(BUILD_ARGS) -t $(IMAGE) .
+
+base-debian: ## build torchlab/debian:bookworm from Debian's packages alone (no registry needed)
+	rm -rf .cache/bookworm && mkdir -p .cache
+	debootstrap --variant=minbase bookworm .cache/bookworm http://deb.debian.org/debian
+	tar -C .cache/bookworm -c . | $(DOCKER) import - torchlab/debian:bookworm
+	rm -rf .cache/bookworm
+
+$(VENV)/.done: tests/requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r tests/requirements.txt
+	touch $@
+
+$(SAMPLE_DATA)/.done: $(wildcard train/*.py)
+	$(DOCKER) run --rm -v $(CURDIR)/.cache:/cache $(IMAGE) python /opt/torchlab/train/sample_data.py /cache/sample-data
+	touch $@
+
+run: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## start the container: ports on 127.0.0.1, /data mounted, GPUs if present
+	@key=$$(cat ~/.ssh/id_ed25519.pub ~/.ssh/id_rsa.pub 2>/dev/null | head -n1); \
+	gpus=$$(command -v nvidia-smi >/dev/null && echo --gpus all); \
+	name=torchlab-$$USER; \
+	$(DOCKER) run -d --name $$name $$gpus --shm-size=$(SHM_SIZE) \
+		-p 127.0.0.1:$(JUPYTER_HOST_PORT):8888 -p 127.0.0.1:$(SSH_HOST_PORT):2222 \
+		-v $(abspath $(or $(DATA),$(SAMPLE_DATA))):/data:ro -e SSH_PUBLIC_KEY="$$key" $(IMAGE) >/dev/null && \
+	for i in $$(seq 120); do \
+		token=$$($(DOCKER) logs $$name 2>&1 | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p' | head -n1); \
+		[ -n "$$token" ] && break; sleep 1; \
+	done; \
+	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tree?token=$$token"; \
+	echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"; \
+	echo "Stop:    $(DOCKER) rm -f $$name"
+
+shell: ## a shell in a throwaway container, as the user
+	$(DOCKER) run --rm -it $(IMAGE) bash -l
+
+lint: $(VENV)/.done ## hadolint, shellcheck, ruff
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/shellcheck entrypoint.sh config/*.sh .ci/run
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint test-static build test-unit test-image ## lint, static checks, build, then every test against the image
+
+test-static: $(VENV)/.done ## checks of the production path that need no build (env pins, Dockerfile)
+	$(VENV)/bin/pytest tests/static
+
+test-unit: ## train/ tests, on the CPU, inside the image
+	$(DOCKER) run --rm -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
+		python -m pytest -p no:cacheprovider tests/unit
+
+test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
+	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE) $(VENV)/bin/pytest tests/image
+
+export-env: ## write the env, as built, to environment.lock.yml (conda) or requirements.lock.txt (pypi)
+	@if [ "$(ENV_SOURCE)" = conda ]; then \
+		$(DOCKER) run --rm $(IMAGE) conda env export --name torchlab --no-builds | grep -v '^prefix:' > environment.lock.yml; \
+		echo "wrote environment.lock.yml"; \
+	else \
+		$(DOCKER) run --rm $(IMAGE) pip freeze --all > requirements.lock.txt; \
+		echo "wrote requirements.lock.txt"; \
+	fi
+
+clean: ## remove the image, stopped test containers, the venv and caches
+	-$(DOCKER) rm -f $$($(DOCKER) ps -aq --filter label=torchlab.test) 2>/dev/null
+	-$(DOCKER) image rm $(IMAGE)
+	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

@@ -1,0 +1,230 @@
+#!/bin/bash
+# torchlab entrypoint. tini (PID 1) runs it as root; it reads top to bottom:
+#   1. read and validate every variable: bad input stops here, before anything starts
+#   2. the user: name, UID/GID (adopting /workspace's owner), sudo, home
+#   3. SSH: authorized keys and per-container host keys
+#   4. Jupyter auth: a token or an argon2-hashed password, never none
+#   5. hooks, then either the given command as the user, or sshd + Jupyter supervised
+# Every variable is documented in README.md.
+set -euo pipefail
+
+log() { printf 'torchlab: %s\n' "$*"; }
+die() { printf 'torchlab: error: %s\n' "$*" >&2; exit 2; }
+
+# ---------------------------------------------------------------- 1. read and validate
+[ "$(id -u)" = 0 ] || die "the entrypoint must start as root (it drops to NB_USER itself); remove --user, use NB_UID/NB_GID instead"
+
+# VAR_FILE variants let secrets come from Docker secrets instead of the environment.
+read_file_var() {  # NAME: if NAME_FILE is set, NAME takes the file's content
+    local file_var="${1}_FILE"
+    [ -n "${!file_var:-}" ] || return 0
+    [ -z "${!1:-}" ] || die "$1 and $file_var are both set; set one"
+    [ -r "${!file_var}" ] || die "$file_var=${!file_var}: no readable file there (expected the path of a mounted secret)"
+    printf -v "$1" '%s' "$(cat -- "${!file_var}")"
+    unset "$file_var"
+}
+read_file_var JUPYTER_TOKEN
+read_file_var JUPYTER_PASSWORD
+read_file_var SSH_PUBLIC_KEY
+# PUBLIC_KEY is the name GPU clouds (RunPod, Vast.ai) use.
+key_var=SSH_PUBLIC_KEY
+if [ -n "${PUBLIC_KEY:-}" ]; then
+    [ -z "${SSH_PUBLIC_KEY:-}" ] || die "SSH_PUBLIC_KEY and PUBLIC_KEY are both set; set one"
+    SSH_PUBLIC_KEY=$PUBLIC_KEY key_var=PUBLIC_KEY
+fi
+
+NB_USER=${NB_USER:-jovyan}
+SSH_PORT=${SSH_PORT:-2222}
+JUPYTER_PORT=${JUPYTER_PORT:-8888}
+JUPYTER_TOKEN=${JUPYTER_TOKEN:-}
+JUPYTER_PASSWORD=${JUPYTER_PASSWORD:-}
+SSH_PUBLIC_KEY=${SSH_PUBLIC_KEY:-}
+GRANT_SUDO=${GRANT_SUDO:-no}
+CHOWN_HOME=${CHOWN_HOME:-no}
+CHOWN_HOME_OPTS=${CHOWN_HOME_OPTS:-}
+SHM_WARN_MB=1024
+
+[[ $NB_USER =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] ||
+    die "NB_USER='$NB_USER': expected a Linux user name (lower-case letters, digits, _ or -, at most 32)"
+for var in NB_UID NB_GID; do
+    value=${!var:-}
+    if [ -n "$value" ] && { ! [[ $value =~ ^[0-9]{1,10}$ ]] || ((10#$value > 4294967294)); }; then
+        die "$var='$value': expected a numeric ID such as 1000"
+    fi
+    [ -z "$value" ] || printf -v "$var" '%d' "$((10#$value))"
+done
+[ "${NB_UID:-1}" != 0 ] || die "NB_UID=0: Jupyter and logins never run as root; expected a non-root UID such as 1000"
+for var in SSH_PORT JUPYTER_PORT; do
+    value=${!var}
+    if ! [[ $value =~ ^[0-9]{1,5}$ ]] || ((10#$value < 1 || 10#$value > 65535)); then
+        die "$var='$value': expected a TCP port number from 1 to 65535"
+    fi
+done
+((10#$SSH_PORT != 10#$JUPYTER_PORT)) ||
+    die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
+SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
+for var in GRANT_SUDO CHOWN_HOME; do
+    case "${!var}" in
+        yes | 1 | true) printf -v "$var" yes ;;
+        no | 0 | false | "") printf -v "$var" no ;;
+        *) die "$var='${!var}': expected yes or no" ;;
+    esac
+done
+[ -z "$JUPYTER_TOKEN" ] || [ -z "$JUPYTER_PASSWORD" ] ||
+    die "JUPYTER_TOKEN and JUPYTER_PASSWORD are both set: expected one of them (or neither, for a random token)"
+[[ $JUPYTER_TOKEN =~ ^[[:graph:]]*$ ]] ||
+    die "JUPYTER_TOKEN: expected printable characters without spaces"
+if [ -n "$SSH_PUBLIC_KEY" ]; then
+    # One key per line; ssh-keygen is the judge of what a valid public key is.
+    keyfile=$(mktemp)
+    line_no=0
+    while IFS= read -r line; do
+        line_no=$((line_no + 1))
+        [[ -z ${line//[[:space:]]/} || $line == \#* ]] && continue
+        printf '%s\n' "$line" >"$keyfile"
+        ssh-keygen -l -f "$keyfile" >/dev/null 2>&1 ||
+            die "$key_var line $line_no is not an OpenSSH public key: expected one key per line like 'ssh-ed25519 AAAAC3... you@laptop' (the .pub file, not the private key)"
+    done <<<"$SSH_PUBLIC_KEY"
+    rm -f "$keyfile"
+fi
+unset PUBLIC_KEY
+
+# ---------------------------------------------------------------- 2. the user
+# Files written to /workspace should belong to the person on the host: with no NB_UID
+# given, a /workspace owned by a non-root user is adopted.
+if [ -z "${NB_UID:-}" ] && [ -d /workspace ]; then
+    ws_uid=$(stat -c %u /workspace) ws_gid=$(stat -c %g /workspace)
+    if [ "$ws_uid" != 0 ] && [ "$ws_uid" != 1000 ]; then
+        NB_UID=$ws_uid
+        NB_GID=${NB_GID:-$ws_gid}
+        log "/workspace belongs to UID $ws_uid (GID $ws_gid): running as UID $NB_UID GID $NB_GID (set NB_UID to choose)"
+    fi
+fi
+NB_UID=${NB_UID:-1000}
+NB_GID=${NB_GID:-100}
+
+run_hooks() {  # DIR: *.sh files are sourced, other executables run; in name order
+    local f
+    for f in "$1"/*; do
+        [ -f "$f" ] || continue
+        case "$f" in
+            *.sh) log "hook: sourcing $f"; # shellcheck disable=SC1090
+                source "$f" ;;
+            *) if [ -x "$f" ]; then log "hook: running $f"; "$f"; else log "hook: ignoring $f (not executable)"; fi ;;
+        esac
+    done
+}
+run_hooks /usr/local/bin/start-notebook.d
+
+# The image's user is jovyan (1000:100); rename and renumber it as asked.
+if ! id -u "$NB_USER" >/dev/null 2>&1; then
+    if [ -e "/home/$NB_USER" ]; then
+        usermod --login "$NB_USER" --home "/home/$NB_USER" jovyan
+    else
+        usermod --login "$NB_USER" --home "/home/$NB_USER" --move-home jovyan
+    fi
+fi
+if ! getent group "$NB_GID" >/dev/null; then
+    groupadd --gid "$NB_GID" "$NB_USER"
+fi
+[ "$(id -g "$NB_USER")" = "$NB_GID" ] || usermod --gid "$NB_GID" "$NB_USER"
+[ "$(id -u "$NB_USER")" = "$NB_UID" ] || usermod --uid "$NB_UID" --non-unique "$NB_USER"
+HOME_DIR=$(getent passwd "$NB_USER" | cut -d: -f6)
+if [ "$CHOWN_HOME" = yes ]; then
+    # shellcheck disable=SC2086  # CHOWN_HOME_OPTS holds options such as -R
+    chown $CHOWN_HOME_OPTS "$NB_UID:$NB_GID" "$HOME_DIR"
+fi
+if [ "$GRANT_SUDO" = yes ]; then
+    printf '%s ALL=(ALL) NOPASSWD:ALL\n' "$NB_USER" >/etc/sudoers.d/torchlab
+    chmod 0440 /etc/sudoers.d/torchlab
+    log "GRANT_SUDO: $NB_USER may use sudo without a password"
+else
+    rm -f /etc/sudoers.d/torchlab
+fi
+# A /workspace that Docker made for a bind mount is root's and empty: give it to the user.
+if [ -d /workspace ] && [ "$(stat -c %u /workspace)" = 0 ] && [ -z "$(ls -A /workspace)" ]; then
+    chown "$NB_UID:$NB_GID" /workspace
+fi
+
+# Prefix that runs a command as NB_USER, keeping the container's environment.
+as_user=(setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups
+    env HOME="$HOME_DIR" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash)
+
+# ---------------------------------------------------------------- 3. SSH
+mkdir -p /etc/ssh/host_keys /etc/ssh/authorized_keys /run/sshd
+for type in ed25519 ecdsa rsa; do
+    key=/etc/ssh/host_keys/ssh_host_${type}_key
+    if [ ! -s "$key" ]; then
+        ssh-keygen -q -t "$type" -N "" -C "torchlab host key" -f "$key"
+        log "made SSH host key $(ssh-keygen -l -f "$key.pub" | cut -d' ' -f2) ($type)"
+    fi
+done
+if [ -n "$SSH_PUBLIC_KEY" ]; then
+    printf '%s\n' "$SSH_PUBLIC_KEY" >"/etc/ssh/authorized_keys/$NB_USER"
+    chmod 0644 "/etc/ssh/authorized_keys/$NB_USER"
+    log "SSH: $(grep -c '^[^#[:space:]]' "/etc/ssh/authorized_keys/$NB_USER") public key(s) for $NB_USER"
+else
+    rm -f "/etc/ssh/authorized_keys/$NB_USER"
+    [ -s "$HOME_DIR/.ssh/authorized_keys" ] ||
+        log "SSH: no public key given, so nobody can log in yet: run with -e SSH_PUBLIC_KEY=\"\$(cat ~/.ssh/id_ed25519.pub)\", or mount a file as $HOME_DIR/.ssh/authorized_keys"
+fi
+unset SSH_PUBLIC_KEY SSH_PUBLIC_KEY_FILE
+
+# ---------------------------------------------------------------- 4. Jupyter auth
+token_generated=no
+if [ -n "$JUPYTER_PASSWORD" ]; then
+    # Only the argon2 hash reaches Jupyter; the password itself leaves the environment.
+    TORCHLAB_JUPYTER_PASSWORD_HASH=$(printf '%s' "$JUPYTER_PASSWORD" |
+        python -c 'import sys; from jupyter_server.auth import passwd; print(passwd(sys.stdin.read(), "argon2"))')
+    export TORCHLAB_JUPYTER_PASSWORD_HASH
+    unset JUPYTER_TOKEN
+elif [ -n "$JUPYTER_TOKEN" ]; then
+    export JUPYTER_TOKEN
+else
+    JUPYTER_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(24))')
+    export JUPYTER_TOKEN
+    token_generated=yes
+fi
+unset JUPYTER_PASSWORD
+
+# ---------------------------------------------------------------- 5. checks, hooks, start
+shm_mb=$(($(df -Pk /dev/shm | awk 'NR == 2 {print $2}') / 1024))
+if ((shm_mb < SHM_WARN_MB)); then
+    log "warning: /dev/shm is only ${shm_mb} MB; multi-worker DataLoaders die of it with a bus error. Run with --shm-size=8g (or --ipc=host)."
+fi
+export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
+run_hooks /usr/local/bin/before-notebook.d
+cd /workspace
+
+if [ $# -gt 0 ]; then
+    exec "${as_user[@]}" "$@"
+fi
+
+mkdir -p /run/torchlab
+touch /run/torchlab/services
+/usr/sbin/sshd -D -e -o "Port=$SSH_PORT" &
+sshd_pid=$!
+"${as_user[@]}" jupyter notebook --ServerApp.port="$JUPYTER_PORT" &
+jupyter_pid=$!
+log "SSH:     ssh -p $SSH_PORT $NB_USER@<host>"
+if [ "$token_generated" = yes ]; then
+    log "Jupyter: http://127.0.0.1:$JUPYTER_PORT/tree?token=$JUPYTER_TOKEN"
+else
+    log "Jupyter: http://127.0.0.1:$JUPYTER_PORT/tree (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
+fi
+
+# Supervise: when either service ends, stop the other and exit; docker stop (SIGTERM,
+# sent to the whole group by tini -g) ends both and exits 0.
+stopping=no
+trap 'stopping=yes' TERM INT
+status=0
+wait -n -p ended "$sshd_pid" "$jupyter_pid" || status=$?
+if [ "$stopping" = no ]; then
+    name=$([ "${ended:-}" = "$sshd_pid" ] && echo sshd || echo Jupyter)
+    log "$name exited with status $status; stopping the container"
+    [ "$status" != 0 ] || status=1
+fi
+kill -TERM "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
+wait "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
+[ "$stopping" = yes ] && exit 0
+exit "$status"

@@ -1,0 +1,77 @@
+"""testinfra checks inside a running container: packages, user, files, processes, sockets."""
+
+import pytest
+import testinfra
+
+from conftest import IMAGE, docker, image_env
+
+
+@pytest.fixture(scope="module")
+def host(services):
+    return testinfra.get_host(f"docker://root@{services.name}")
+
+
+@pytest.mark.parametrize("package", ["openssh-server", "tini", "procps", "iproute2", "rsync", "tmux", "sudo"])
+def test_runtime_packages_installed(host, package):
+    assert host.package(package).is_installed
+
+
+def test_user_follows_docker_stacks_contract(host):
+    user = host.user("jovyan")
+    assert (user.uid, user.gid, user.group) == (1000, 100, "users")
+    assert user.home == "/home/jovyan"
+    assert user.shell == "/bin/bash"
+    assert host.file("/workspace").user == "jovyan"
+
+
+def test_tini_is_pid_1(host):
+    assert host.process.get(pid=1).comm == "tini"
+
+
+def test_jupyter_runs_as_the_user_and_sshd_listener_as_root(host):
+    jupyter = [p for p in host.process.filter() if "jupyter-notebook" in p.args or "jupyter notebook" in p.args]
+    assert jupyter, "no Jupyter process"
+    assert {p.user for p in jupyter} == {"jovyan"}
+    assert all("allow-root" not in p.args and "allow_root" not in p.args for p in jupyter)
+    sshd = [p for p in host.process.filter(comm="sshd")]
+    assert sshd and {p.user for p in sshd} == {"root"}
+
+
+def test_only_tini_the_entrypoint_and_sshd_run_as_root(host):
+    root_processes = {p.comm for p in host.process.filter(user="root")}
+    # `ps` itself (testinfra's probe) runs as root through docker exec.
+    assert root_processes - {"ps"} <= {"tini", "entrypoint.sh", "sshd"}
+
+
+@pytest.mark.parametrize("port", [2222, 8888])
+def test_services_listen_on_ipv4_and_ipv6(host, port):
+    assert host.socket(f"tcp://0.0.0.0:{port}").is_listening
+    assert host.socket(f"tcp://:::{port}").is_listening
+
+
+def test_env_is_first_on_path_for_docker_exec(host):
+    assert host.check_output("command -v python") == "/opt/env/bin/python"
+    assert host.check_output("command -v jupyter") == "/opt/env/bin/jupyter"
+
+
+def test_env_has_the_pinned_torch_stack(host):
+    out = host.check_output("python /opt/torchlab/envspec.py check /opt/torchlab/environment.yml && echo pins-ok")
+    assert out.endswith("pins-ok")
+
+
+def test_no_host_keys_baked_into_the_image():
+    listing = docker("run", "--rm", "--entrypoint", "ls", IMAGE, "/etc/ssh/", "/etc/ssh/host_keys/").stdout
+    assert "sshd_config" in listing
+    assert "ssh_host_" not in listing
+
+
+def test_image_says_how_its_env_was_built():
+    assert image_env()["TORCHLAB_ENV_SOURCE"] in {"conda", "pypi"}
+
+
+def test_production_python_is_3_10(host, production_image):
+    assert host.check_output("python -c 'import sys; print(*sys.version_info[:2], sep=\".\")'") == "3.10"
+
+
+def test_production_torch_is_the_cuda_11_8_build(host, production_image):
+    assert host.check_output("python -c 'import torch; print(torch.version.cuda)'") == "11.8"

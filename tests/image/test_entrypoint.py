@@ -1,0 +1,176 @@
+"""The entrypoint: bad input, users and UIDs, hooks, supervision, stop, health, host keys, logs."""
+
+import os
+import subprocess
+
+import pytest
+
+from conftest import IMAGE, docker, require_tool, ssh, wait_for
+
+VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67DlQVng1aLmhVdh valid@example"
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"SSH_PUBLIC_KEY": "ssh-ed25519 not-base64 me@laptop"}, "SSH_PUBLIC_KEY"),
+        ({"SSH_PUBLIC_KEY": "-----BEGIN OPENSSH PRIVATE KEY-----"}, "SSH_PUBLIC_KEY"),
+        ({"PUBLIC_KEY": VALID_KEY + "\ngarbage"}, "PUBLIC_KEY line 2"),
+        ({"NB_UID": "abc"}, "NB_UID"),
+        ({"NB_UID": "0"}, "NB_UID"),
+        ({"NB_GID": "-5"}, "NB_GID"),
+        ({"NB_USER": "Bad User"}, "NB_USER"),
+        ({"SSH_PORT": "70000"}, "SSH_PORT"),
+        ({"JUPYTER_PORT": "http"}, "JUPYTER_PORT"),
+        ({"SSH_PORT": "0"}, "SSH_PORT"),
+        ({"SSH_PORT": "9000", "JUPYTER_PORT": "9000"}, "SSH_PORT and JUPYTER_PORT"),
+        ({"GRANT_SUDO": "maybe"}, "GRANT_SUDO"),
+        ({"JUPYTER_TOKEN": "a", "JUPYTER_PASSWORD": "b"}, "JUPYTER_TOKEN and JUPYTER_PASSWORD"),
+        ({"JUPYTER_TOKEN_FILE": "/no/such/file"}, "JUPYTER_TOKEN_FILE"),
+    ],
+)
+def test_bad_input_stops_before_anything_starts(env, variable):
+    env_args = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
+    # With no command the services would start: a container that got that far would still be running.
+    result = docker("run", "--rm", *env_args, IMAGE, check=False, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("torchlab: error: ") and variable in errors[0]
+    assert "expected" in errors[0]
+    assert "sshd" not in result.stdout and "Jupyter" not in result.stdout
+
+
+def test_command_runs_as_the_user_after_setup():
+    out = docker("run", "--rm", IMAGE, "sh", "-c", "id -un; id -u; id -g; pwd; command -v python").stdout.split()
+    assert out == ["jovyan", "1000", "100", "/workspace", "/opt/env/bin/python"]
+
+
+def test_nb_user_uid_and_gid_are_honoured():
+    out = docker("run", "--rm", "-e", "NB_USER=alice", "-e", "NB_UID=1234", "-e", "NB_GID=2345", IMAGE,
+                 "sh", "-c", "id -un; id -u; id -g; echo $HOME; stat -c %u /home/alice").stdout.split()  # fmt: skip
+    assert out == ["alice", "1234", "2345", "/home/alice", "1234"]
+
+
+def test_workspace_owner_is_adopted_when_nb_uid_is_not_given(tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.chown(workspace, 4321, 4322)
+    result = docker("run", "--rm", "-v", f"{workspace}:/workspace", IMAGE, "sh", "-c", "touch /workspace/made; id -u")
+    assert result.stdout.split()[-1] == "4321"
+    assert "/workspace belongs to UID 4321" in result.stdout
+    made = (workspace / "made").stat()
+    assert (made.st_uid, made.st_gid) == (4321, 4322)
+
+
+def test_given_nb_uid_wins_over_the_workspace_owner(tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir(mode=0o777)
+    os.chown(workspace, 4321, 4321)
+    out = docker("run", "--rm", "-e", "NB_UID=1500", "-v", f"{workspace}:/workspace", IMAGE, "id", "-u").stdout
+    assert out.split()[-1] == "1500"
+
+
+@pytest.mark.parametrize(("grant", "expected"), [("yes", 0), ("no", 1)])
+def test_grant_sudo(grant, expected):
+    result = docker("run", "--rm", "-e", f"GRANT_SUDO={grant}", IMAGE, "sudo", "-n", "true", check=False)
+    assert result.returncode == expected
+
+
+def test_chown_home(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    out = docker("run", "--rm", "-e", "CHOWN_HOME=yes", "-e", "CHOWN_HOME_OPTS=-R", "-v", f"{home}:/home/jovyan",
+                 IMAGE, "stat", "-c", "%u", "/home/jovyan", "/home/jovyan/notes.txt").stdout.split()  # fmt: skip
+    assert out[-2:] == ["1000", "1000"]
+
+
+def test_hooks_run_before_start(tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "10-source.sh").write_text("HOOK_SOURCED=yes\n")
+    script = hooks / "20-run"
+    script.write_text("#!/bin/sh\necho hook-ran-as-$(id -un)\n")
+    script.chmod(0o755)
+    result = docker("run", "--rm", "-v", f"{hooks}:/usr/local/bin/before-notebook.d:ro", IMAGE, "true")
+    assert "hook-ran-as-root" in result.stdout
+    assert "hook: sourcing /usr/local/bin/before-notebook.d/10-source.sh" in result.stdout
+
+
+def test_docker_stop_ends_both_services_within_2_seconds(containers):
+    container = containers.run()
+    # If the services were still up after 2 s, Docker would SIGKILL them: exit code 137.
+    docker("stop", "-t", "2", container.name)
+    assert container.state()["ExitCode"] == 0
+    assert not container.state()["OOMKilled"]
+
+
+@pytest.mark.parametrize("service", ["sshd", "jupyter"])
+def test_container_exits_non_zero_when_a_service_dies(containers, service):
+    container = containers.run()
+    pattern = "/usr/sbin/sshd -D" if service == "sshd" else "jupyter-notebook|jupyter notebook"
+    container.exec("pkill", "-KILL", "-o", "-f", pattern)
+    assert container.wait_exited(timeout=20) != 0
+    assert "exited with status" in container.logs()
+
+
+def test_healthcheck_follows_both_services(containers):
+    container = containers.run("--health-interval=1s", "--health-start-period=60s")
+    wait_for(lambda: container.state()["Health"]["Status"] == "healthy", 60, "a healthy container")
+    assert container.exec("torchlab-healthcheck", check=False).returncode == 0
+    # The same check pointed at a port where nothing answers, as when a service is down.
+    assert container.exec("env", "SSH_PORT=1", "torchlab-healthcheck", check=False).returncode != 0
+    assert container.exec("env", "JUPYTER_PORT=1", "torchlab-healthcheck", check=False).returncode != 0
+
+
+def host_keys(container):
+    require_tool("ssh-keyscan")
+    result = subprocess.run(
+        ["ssh-keyscan", "-t", "ed25519", "-p", str(container.host_port(2222)), "127.0.0.1"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return result.stdout.split()[-1]
+
+
+def test_each_container_gets_its_own_host_keys(containers):
+    assert host_keys(containers.run()) != host_keys(containers.run())
+
+
+def test_host_keys_persist_in_a_volume(containers):
+    volume = "torchlab-test-hostkeys-" + os.urandom(4).hex()
+    try:
+        first = containers.run("-v", f"{volume}:/etc/ssh/host_keys")
+        key = host_keys(first)
+        docker("rm", "-f", first.name)
+        assert host_keys(containers.run("-v", f"{volume}:/etc/ssh/host_keys")) == key
+    finally:
+        containers.remove_all()
+        docker("volume", "rm", "-f", volume, check=False)
+
+
+def test_key_from_public_key_alias_and_from_a_file(containers, ssh_key, tmp_path):
+    alias = containers.run(env={"PUBLIC_KEY": ssh_key[1]})
+    assert ssh(alias, ssh_key[0], "id -un").stdout.strip() == "jovyan"
+    key_file = tmp_path / "key.pub"
+    key_file.write_text(ssh_key[1] + "\n")
+    from_file = containers.run("-v", f"{key_file}:/run/secrets/key:ro", env={"SSH_PUBLIC_KEY_FILE": "/run/secrets/key"})
+    assert ssh(from_file, ssh_key[0], "id -un").stdout.strip() == "jovyan"
+
+
+def test_mounted_authorized_keys_file_works(containers, ssh_key, tmp_path):
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(ssh_key[1] + "\n")
+    container = containers.run("-v", f"{keys}:/home/jovyan/.ssh/authorized_keys:ro")
+    assert ssh(container, ssh_key[0], "id -un").stdout.strip() == "jovyan"
+    assert "no public key given" not in container.logs()
+
+
+def test_without_a_key_the_log_says_how_to_give_one(containers):
+    assert "SSH_PUBLIC_KEY" in containers.run().logs()
+
+
+def test_small_dev_shm_is_warned_about(containers):
+    small = containers.run(shm_size="64m").logs()
+    assert "--shm-size" in small and "--ipc=host" in small
+    assert "--shm-size" not in containers.run(shm_size="2g").logs()

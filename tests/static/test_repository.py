@@ -1,0 +1,79 @@
+"""Static checks of what cannot be built here: the production (conda, CUDA 11.8) path of the
+Dockerfile and the env it creates, which is environment.yml itself."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "config"))
+import envspec  # noqa: E402
+
+ENVIRONMENT = ROOT / "environment.yml"
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def test_every_dependency_is_pinned_exactly():
+    lines = ENVIRONMENT.read_text().split("dependencies:\n", 1)[1].splitlines()
+    deps = [line.split("#")[0].strip() for line in lines if line.strip().startswith("- ")]
+    for dep in deps:
+        assert re.fullmatch(r"- [A-Za-z0-9_.\-]+=\d+(\.\d+)+", dep), f"{dep!r} is not pinned exactly"
+    assert len(deps) == len(envspec.conda_pins(ENVIRONMENT))
+
+
+def test_pins_name_the_promised_stack():
+    pins = envspec.conda_pins(ENVIRONMENT)
+    assert pins["python"].startswith("3.10.")
+    assert (pins["pytorch"], pins["torchvision"], pins["torchaudio"]) == ("2.5.1", "0.20.1", "2.5.1")
+    assert pins["pytorch-cuda"] == "11.8"
+    assert pins["notebook"].startswith("7.")
+    for name in ["ipykernel", "pytest", "pytest-testinfra", "numpy", "pillow", "matplotlib"]:
+        assert name in pins
+
+
+def test_channels_avoid_anaconda_defaults():
+    text = ENVIRONMENT.read_text()
+    channels = re.search(r"^channels:\n((?:\s+- .*\n)+)", text, re.M).group(1)
+    names = [line.split("-", 1)[1].split("#")[0].strip() for line in channels.splitlines()]
+    assert names == ["pytorch", "nvidia", "conda-forge", "nodefaults"]
+
+
+def test_pypi_requirements_are_the_same_pins():
+    def requirements(group):
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "config/envspec.py"), "requirements", group, str(ENVIRONMENT)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return dict(line.split("==") for line in out.split())
+
+    torch, rest = requirements("torch"), requirements("rest")
+    assert torch == {"torch": "2.5.1", "torchvision": "0.20.1", "torchaudio": "2.5.1"}
+    pins = envspec.conda_pins(ENVIRONMENT)
+    for name in set(pins) - envspec.CONDA_ONLY - {"pytorch", "torchvision", "torchaudio"}:
+        assert rest[name] == pins[name]
+    assert not set(rest) & {"python", "pytorch-cuda", "mkl", "pytorch"}
+
+
+def test_production_path_uses_a_pinned_bookworm_miniconda_and_asserts_cuda_11_8():
+    tag = re.search(r"^ARG MINICONDA_IMAGE=continuumio/miniconda3:(\S+)$", DOCKERFILE, re.M).group(1)
+    version = tuple(int(part) for part in re.split(r"[.-]", tag))
+    assert (24, 4, 0, 0) <= version <= (25, 3, 1, 1), f"{tag} is not a Debian bookworm Miniconda"
+    assert "conda env create --name torchlab --file /tmp/torchlab/environment.yml" in DOCKERFILE
+    assert "check --cuda 11.8" in DOCKERFILE
+    assert re.search(r"^ARG ENV_SOURCE=conda$", DOCKERFILE, re.M)
+
+
+def test_no_syntax_directive_and_no_ca_bundle_copied():
+    assert not DOCKERFILE.startswith("# syntax")
+    assert "ca_bundle" not in " ".join(line for line in DOCKERFILE.splitlines() if line.startswith(("COPY", "ADD")))
+    assert all("id=ca_bundle" in line for line in DOCKERFILE.splitlines() if "ca_bundle" in line and "mount" in line)
+
+
+@pytest.mark.parametrize("broken", ["  - numpy\n", "  - numpy>=1.26\n"])
+def test_envspec_rejects_what_is_not_an_exact_pin(tmp_path, broken):
+    env = tmp_path / "environment.yml"
+    env.write_text("name: x\ndependencies:\n  - python=3.10.15\n" + broken)
+    assert "numpy" not in envspec.conda_pins(env)
