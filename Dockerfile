@@ -58,9 +58,11 @@ RUN --mount=type=secret,id=ca_bundle \
 # hadolint ignore=DL3006
 FROM env-${ENV_SOURCE} AS runtime
 ARG ENV_SOURCE
+# NB_UID and NB_GID are left unset: the entrypoint tells "not given" (adopt /workspace's
+# owner) from a value, and defaults them to 1000 and 100.
 ENV PATH=/opt/env/bin:$PATH \
     TORCHLAB_ENV_SOURCE=${ENV_SOURCE} \
-    NB_USER=jovyan NB_UID=1000 NB_GID=100 \
+    NB_USER=jovyan \
     LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1
 

@@ -41,7 +41,9 @@ $(VENV)/.done: tests/requirements.txt
 	touch $@
 
 $(SAMPLE_DATA)/.done: $(wildcard train/*.py)
-	$(DOCKER) run --rm -v $(CURDIR)/.cache:/cache $(IMAGE) python /opt/torchlab/train/sample_data.py /cache/sample-data
+	mkdir -p .cache
+	$(DOCKER) run --rm --user $$(id -u):$$(id -g) --entrypoint python -v $(CURDIR)/.cache:/cache $(IMAGE) \
+		/opt/torchlab/train/sample_data.py /cache/sample-data
 	touch $@
 
 run: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## start the container: ports on 127.0.0.1, /data mounted, GPUs if present

@@ -8,7 +8,8 @@
 # Every variable is documented in README.md.
 set -euo pipefail
 
-log() { printf 'torchlab: %s\n' "$*"; }
+# Messages go to stderr: stdout belongs to the command, when one is given.
+log() { printf 'torchlab: %s\n' "$*" >&2; }
 die() { printf 'torchlab: error: %s\n' "$*" >&2; exit 2; }
 
 # ---------------------------------------------------------------- 1. read and validate

@@ -38,9 +38,13 @@ def test_jupyter_runs_as_the_user_and_sshd_listener_as_root(host):
 
 
 def test_only_tini_the_entrypoint_and_sshd_run_as_root(host):
-    root_processes = {p.comm for p in host.process.filter(user="root")}
-    # `ps` itself (testinfra's probe) runs as root through docker exec.
-    assert root_processes - {"ps"} <= {"tini", "entrypoint.sh", "sshd"}
+    # The container's own process tree: PID 1 and its descendants (docker exec probes have parent 0).
+    rows = [line.split(None, 3) for line in host.check_output("ps -e -o pid=,ppid=,user=,comm=").splitlines()]
+    tree = {"1"}
+    for _ in rows:
+        tree |= {pid for pid, ppid, _, _ in rows if ppid in tree}
+    root_processes = {comm for pid, _, user, comm in rows if pid in tree and user == "root"}
+    assert root_processes == {"tini", "entrypoint.sh", "sshd"}
 
 
 @pytest.mark.parametrize("port", [2222, 8888])

@@ -77,3 +77,11 @@ def test_envspec_rejects_what_is_not_an_exact_pin(tmp_path, broken):
     env = tmp_path / "environment.yml"
     env.write_text("name: x\ndependencies:\n  - python=3.10.15\n" + broken)
     assert "numpy" not in envspec.conda_pins(env)
+
+
+def test_code_layers_come_after_every_heavy_layer():
+    # A code-only change must rebuild in seconds: nothing slow may follow the code's COPY lines.
+    lines = [line for line in DOCKERFILE.splitlines() if line.startswith(("RUN", "COPY", "FROM"))]
+    first_code = min(i for i, line in enumerate(lines) if re.match(r"COPY (train|notebooks|entrypoint\.sh)", line))
+    assert not [line for line in lines[first_code:] if line.startswith(("RUN", "FROM"))]
+    assert any(line.startswith("FROM env-${ENV_SOURCE}") for line in lines[:first_code])
