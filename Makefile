@@ -76,7 +76,7 @@ test-static: $(VENV)/.done ## checks of the production path that need no build (
 	$(VENV)/bin/pytest tests/static
 
 test-unit: ## train/ tests, on the CPU, inside the image
-	$(DOCKER) run --rm -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
+	$(DOCKER) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
 		python -m pytest -p no:cacheprovider tests/unit
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)

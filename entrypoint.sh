@@ -195,11 +195,12 @@ if ((shm_mb < SHM_WARN_MB)); then
 fi
 export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
 run_hooks /usr/local/bin/before-notebook.d
-cd /workspace
 
+# A command runs in the working directory Docker gave (WORKDIR /workspace, or -w).
 if [ $# -gt 0 ]; then
     exec "${as_user[@]}" "$@"
 fi
+cd /workspace
 
 mkdir -p /run/torchlab
 touch /run/torchlab/services

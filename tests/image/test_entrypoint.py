@@ -175,3 +175,7 @@ def test_small_dev_shm_is_warned_about(containers):
     small = containers.run(shm_size="64m").logs()
     assert "--shm-size" in small and "--ipc=host" in small
     assert "--shm-size" not in containers.run(shm_size="2g").logs()
+
+
+def test_command_keeps_the_working_directory_it_was_given():
+    assert docker("run", "--rm", "-w", "/tmp", IMAGE, "pwd").stdout.strip() == "/tmp"
