@@ -151,6 +151,17 @@ fi
 as_user=(setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups
     env HOME="$HOME_DIR" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash)
 
+# What the image brings for the user, added only where nothing is: a user's files are never
+# overwritten. The notebooks go to /workspace (Jupyter's root); `python train.py` works in the
+# SSH login directory.
+if [ -d /workspace ] && [ ! -e /workspace/notebooks ]; then
+    "${as_user[@]}" cp -r /opt/torchlab/notebooks /workspace/notebooks ||
+        log "warning: could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
+fi
+if [ ! -e "$HOME_DIR/train.py" ] && [ ! -L "$HOME_DIR/train.py" ]; then
+    "${as_user[@]}" ln -s /opt/torchlab/train/train.py "$HOME_DIR/train.py" 2>/dev/null || true
+fi
+
 # ---------------------------------------------------------------- 3. SSH
 mkdir -p /etc/ssh/host_keys /etc/ssh/authorized_keys /run/sshd
 for type in ed25519 ecdsa rsa; do

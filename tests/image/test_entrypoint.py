@@ -2,11 +2,13 @@
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from conftest import IMAGE, docker, require_tool, ssh, wait_for
 
+ROOT = Path(__file__).resolve().parents[2]
 VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67DlQVng1aLmhVdh valid@example"
 
 
@@ -179,3 +181,22 @@ def test_small_dev_shm_is_warned_about(containers):
 
 def test_command_keeps_the_working_directory_it_was_given():
     assert docker("run", "--rm", "-w", "/tmp", IMAGE, "pwd").stdout.strip() == "/tmp"
+
+
+def test_notebooks_are_seeded_once_and_never_overwritten(tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.chown(workspace, 1000, 100)
+    docker("run", "--rm", "-v", f"{workspace}:/workspace", IMAGE, "true")
+    seeded = sorted(p.name for p in (workspace / "notebooks").iterdir())
+    assert seeded == sorted(os.listdir(ROOT / "notebooks"))
+    mine = workspace / "notebooks" / seeded[0]
+    mine.write_text("my edits")
+    docker("run", "--rm", "-v", f"{workspace}:/workspace", IMAGE, "true")
+    assert mine.read_text() == "my edits"
+
+
+def test_train_py_runs_in_the_login_directory(services, ssh_key):
+    out = ssh(services, ssh_key[0], "pwd && python train.py --help").stdout
+    assert out.startswith("/home/jovyan\n")
+    assert "--data" in out
