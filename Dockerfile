@@ -80,7 +80,7 @@ RUN --mount=type=secret,id=ca_bundle \
 # `*` rather than the locked `!` password: no password login, yet sshd (without PAM)
 # still accepts keys for the account.
 RUN useradd --create-home --shell /bin/bash --uid 1000 --gid 100 --password '*' jovyan \
- && mkdir -p /workspace /etc/ssh/host_keys /etc/ssh/authorized_keys /run/sshd \
+ && mkdir -p /workspace /etc/ssh/host_keys \
         /usr/local/bin/start-notebook.d /usr/local/bin/before-notebook.d \
  && chown 1000:100 /workspace
 

@@ -163,7 +163,7 @@ if [ ! -e "$HOME_DIR/train.py" ] && [ ! -L "$HOME_DIR/train.py" ]; then
 fi
 
 # ---------------------------------------------------------------- 3. SSH
-mkdir -p /etc/ssh/host_keys /etc/ssh/authorized_keys /run/sshd
+mkdir -p /etc/ssh/host_keys /run/torchlab/authorized_keys /run/sshd
 for type in ed25519 ecdsa rsa; do
     key=/etc/ssh/host_keys/ssh_host_${type}_key
     if [ ! -s "$key" ]; then
@@ -172,11 +172,11 @@ for type in ed25519 ecdsa rsa; do
     fi
 done
 if [ -n "$SSH_PUBLIC_KEY" ]; then
-    printf '%s\n' "$SSH_PUBLIC_KEY" >"/etc/ssh/authorized_keys/$NB_USER"
-    chmod 0644 "/etc/ssh/authorized_keys/$NB_USER"
-    log "SSH: $(grep -c '^[^#[:space:]]' "/etc/ssh/authorized_keys/$NB_USER") public key(s) for $NB_USER"
+    printf '%s\n' "$SSH_PUBLIC_KEY" >"/run/torchlab/authorized_keys/$NB_USER"
+    chmod 0644 "/run/torchlab/authorized_keys/$NB_USER"
+    log "SSH: $(grep -c '^[^#[:space:]]' "/run/torchlab/authorized_keys/$NB_USER") public key(s) for $NB_USER"
 else
-    rm -f "/etc/ssh/authorized_keys/$NB_USER"
+    rm -f "/run/torchlab/authorized_keys/$NB_USER"
     [ -s "$HOME_DIR/.ssh/authorized_keys" ] ||
         log "SSH: no public key given, so nobody can log in yet: run with -e SSH_PUBLIC_KEY=\"\$(cat ~/.ssh/id_ed25519.pub)\", or mount a file as $HOME_DIR/.ssh/authorized_keys"
 fi

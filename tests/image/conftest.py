@@ -67,8 +67,11 @@ class Container:
         result = docker("logs", self.name, check=False)
         return result.stdout + result.stderr
 
+    def inspect(self):
+        return json.loads(docker("inspect", self.name).stdout)[0]
+
     def state(self):
-        return json.loads(docker("inspect", self.name).stdout)[0]["State"]
+        return self.inspect()["State"]
 
     def exec(self, *cmd, user="root", check=True):
         return docker("exec", "-u", user, self.name, *cmd, check=check)
