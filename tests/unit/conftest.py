@@ -1,0 +1,77 @@
+"""Fixtures for the train/ tests: its modules on sys.path, small generated data sets, and train.py runs.
+
+The modules import each other as siblings (`import data`), as train.py does when it runs, so the tests put
+train/ on sys.path and import them the same way.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TRAIN_DIR = Path(__file__).resolve().parents[2] / "train"
+sys.path.insert(0, str(TRAIN_DIR))
+TRAIN_SCRIPT = TRAIN_DIR / "train.py"
+
+# A tiny network at a small size: a run takes seconds on two CPU cores. Dropout in mobilenet_v3_small also
+# puts torch's RNG state on the path that resume has to reproduce.
+QUICK_RUN = (
+    "--arch", "mobilenet_v3_small", "--image-size", "48", "--batch-size", "16", "--device", "cpu",
+    "--log-interval", "1", "--warmup-epochs", "0", "--optimizer", "adamw", "--lr", "0.005",
+)  # fmt: skip
+# One thread per process: the same floating-point results in every run, and no threads spinning against
+# each other on a small machine.
+TRAIN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+@pytest.fixture(scope="session")
+def sample_set(tmp_path_factory):
+    """sample_data.py's set: 4 classes, 24 training and 6 validation JPEGs each (~450 x 375 px)."""
+    import sample_data
+
+    folder = tmp_path_factory.mktemp("sample") / "data"
+    sample_data.write_sample_data(str(folder), classes=4, per_class=24, val_per_class=6, seed=0)
+    return folder
+
+
+def train_command(*args):
+    return [sys.executable, str(TRAIN_SCRIPT), *map(str, args)]
+
+
+def run_train(*args, timeout=240):
+    return subprocess.run(
+        train_command(*args), capture_output=True, text=True, env=TRAIN_ENV, timeout=timeout, check=False
+    )
+
+
+def start_train(*args, **popen_options):
+    return subprocess.Popen(
+        train_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=TRAIN_ENV, **popen_options
+    )
+
+
+def read_metrics(run_dir, kind):
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [record for record in records if record["kind"] == kind]
+
+
+def last_step(run_dir):
+    return max((record["step"] for record in read_metrics(run_dir, "interval")), default=0)
+
+
+def wait_until(condition, what, timeout=120, process=None):
+    """Poll `condition` until it is true; fail after `timeout` s, or as soon as `process` has exited."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"train.py exited ({process.returncode}) before {what}: {process.stderr.read()[-2000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)

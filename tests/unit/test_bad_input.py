@@ -1,0 +1,75 @@
+"""Bad input to train.py: one line on stderr, exit code 2, and no run directory."""
+
+import signal
+
+import pytest
+
+import train
+from conftest import run_train
+
+
+@pytest.fixture
+def signal_handlers_restored():
+    """train.main() installs signal handlers; give pytest its own back."""
+    saved = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    yield
+    for number, handler in saved.items():
+        signal.signal(number, handler)
+
+
+def test_missing_data_folder_says_how_to_mount_it(tmp_path):
+    result = run_train("--data", tmp_path / "absent", "--run-dir", tmp_path / "run", timeout=120)
+
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("train.py: error: --data ") and "-v /path/to/images:" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def make_layout(root, layout):
+    for name in layout:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"")
+
+
+@pytest.mark.parametrize(
+    ("layout", "flags", "message"),
+    [
+        ((), (), "no class folders"),
+        (("data/.ipynb_checkpoints/a.jpg",), (), "no class folders"),
+        (("data/cat/notes.txt",), (), "cat: a class folder with no images"),
+        ((), ("--workers", "-1"), "argument --workers: expected auto or an integer >= 0, got '-1'"),
+        ((), ("--workers", "many"), "argument --workers: expected auto or an integer >= 0"),
+        ((), ("--batch-size", "0"), "argument --batch-size: expected an integer > 0, got '0'"),
+        ((), ("--epochs", "2.5"), "argument --epochs: expected an integer > 0"),
+        ((), ("--val-fraction", "1"), "argument --val-fraction: expected a number >= 0 and < 1"),
+        ((), ("--lr", "nan"), "argument --lr: expected a number > 0"),
+        ((), ("--amp", "fp8"), "argument --amp: invalid choice"),
+        ((), ("--no-such-flag",), "unrecognized arguments: --no-such-flag"),
+        ((), ("--arch", "resnet_nonexistent"), "--arch resnet_nonexistent: not a torchvision classification model"),
+        ((), ("--weights", "missing.pth"), "--weights missing.pth: no such file"),
+        ((), ("--resume", "missing.pt"), "--resume missing.pt: expected auto, none or a checkpoint file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, signal_handlers_restored, layout, flags, message):
+    (tmp_path / "data").mkdir()
+    make_layout(tmp_path, layout)
+    run_dir = tmp_path / "run"
+
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--data", str(tmp_path / "data"), "--run-dir", str(run_dir), "--device", "cpu", *flags])
+
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and stderr.startswith("train.py: error: ")
+    assert message in stderr
+    assert not run_dir.exists()
+
+
+def test_too_few_images_for_one_batch(tmp_path, capsys, sample_set, signal_handlers_restored):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--data", str(sample_set), "--run-dir", str(tmp_path / "run"), "--batch-size", "1000"])
+
+    assert exit_info.value.code == 2
+    assert "make no full batch of --batch-size 1000" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,167 @@
+"""loader.py: CPU counting, the resumable sharded sampler, uint8 batches, and worker memory."""
+
+import argparse
+import gc
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import data
+import loader
+
+
+def write_cgroup_files(root, files):
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("files", "limit"),
+    [
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu,cpuacct/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 3.0),
+        ({}, None),
+    ],
+)
+def test_cgroup_cpu_limit_reads_v1_and_v2(tmp_path, files, limit):
+    write_cgroup_files(tmp_path, files)
+    assert loader.cgroup_cpu_limit(str(tmp_path)) == limit
+
+
+def test_usable_cpus_count_affinity_and_quota_not_cpu_count(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    write_cgroup_files(tmp_path, {"cpu.max": "50000 100000\n"})
+    assert loader.usable_cpu_count(str(tmp_path)) == 1
+    write_cgroup_files(tmp_path, {"cpu.max": f"{(affinity + 4) * 100000} 100000\n"})
+    assert loader.usable_cpu_count(str(tmp_path)) == affinity
+
+
+def shares(sampler_for_rank, world_size):
+    return [list(sampler_for_rank(rank)) for rank in range(world_size)]
+
+
+def test_training_order_is_seeded_sharded_and_resumable():
+    def sampler_for_rank(rank, seed=3, epoch=2, skip=0):
+        sampler = loader.EpochSampler(103, train=True, seed=seed, rank=rank, world_size=4)
+        sampler.set_epoch(epoch, skip)
+        return sampler
+
+    full = shares(sampler_for_rank, 4)
+    positions = [position for share in full for position, _ in share]
+    assert [len(share) for share in full] == [len(sampler_for_rank(rank)) for rank in range(4)] == [25] * 4
+    assert len(set(positions)) == 100 and set(positions) <= set(range(103))
+    assert all(epoch == 2 for share in full for _, epoch in share)
+    assert shares(sampler_for_rank, 4) == full
+    assert shares(lambda rank: sampler_for_rank(rank, epoch=3), 4) != full
+    assert shares(lambda rank: sampler_for_rank(rank, seed=4), 4) != full
+    resumed = shares(lambda rank: sampler_for_rank(rank, skip=10), 4)
+    assert resumed == [share[10:] for share in full]
+    assert len(sampler_for_rank(0, skip=10)) == 15
+
+
+def test_validation_reads_every_sample_once():
+    samplers = [loader.EpochSampler(10, train=False, seed=0, rank=rank, world_size=3) for rank in range(3)]
+    positions = sorted(position for sampler in samplers for position, _ in sampler)
+    assert positions == list(range(10))
+    assert [len(sampler) for sampler in samplers] == [4, 3, 3]
+
+
+def test_collate_stacks_uint8_and_drops_unreadable_samples():
+    pixels = [np.full((4, 4, 3), value, dtype=np.uint8) for value in (1, 2)]
+    images, labels, unreadable = loader.collate_uint8([(pixels[0], 5, 0), (None, 6, 1), (pixels[1], 7, 2)])
+
+    assert images.dtype == torch.uint8 and images.shape == (2, 4, 4, 3)
+    assert images[:, 0, 0, 0].tolist() == [1, 2]
+    assert labels.tolist() == [5, 7]
+    assert unreadable.tolist() == [1]
+    empty_images, empty_labels, all_unreadable = loader.collate_uint8([(None, 6, 1)])
+    assert (len(empty_images), len(empty_labels), all_unreadable.tolist()) == (0, 0, [1])
+
+
+def test_batches_are_normalised_on_the_device_in_channels_last():
+    images = torch.tensor([[[[0, 128, 255]]]], dtype=torch.uint8).expand(2, 5, 6, 3).contiguous()
+    normalised, labels = loader.BatchToDevice(torch.device("cpu"))(images, torch.tensor([1, 2]))
+
+    assert normalised.shape == (2, 3, 5, 6) and normalised.dtype == torch.float32
+    assert normalised.is_contiguous(memory_format=torch.channels_last)
+    expected = [
+        (value / 255 - mean) / std
+        for value, mean, std in zip((0, 128, 255), loader.IMAGENET_MEAN, loader.IMAGENET_STD, strict=True)
+    ]
+    assert normalised[0, :, 0, 0].tolist() == pytest.approx(expected, abs=1e-5)
+    assert labels.tolist() == [1, 2]
+
+
+def loader_options(workers):
+    return argparse.Namespace(
+        batch_size=8, workers=workers, prefetch_factor=2, persistent_workers=True, pin_memory=False, seed=0
+    )
+
+
+def test_workers_yield_the_same_batches_as_the_main_process(sample_set):
+    _, train_index, _ = data.load_splits(str(sample_set), val_fraction=0.1, seed=0)
+    dataset = data.ImageDataset(train_index.subset(np.arange(24)), image_size=32, train=True, seed=0)
+
+    def epoch_batches(workers, epoch):
+        train_loader = loader.build_loader(dataset, loader_options(workers), torch.device("cpu"), train=True)
+        train_loader.sampler.set_epoch(epoch)
+        return list(train_loader)
+
+    in_main_process, in_two_workers = epoch_batches(0, epoch=1), epoch_batches(2, epoch=1)
+    assert len(in_main_process) == 3
+    for (images, labels, _), (worker_images, worker_labels, _) in zip(in_main_process, in_two_workers, strict=True):
+        assert images.dtype == torch.uint8 and images.shape == (8, 32, 32, 3)
+        assert torch.equal(images, worker_images) and torch.equal(labels, worker_labels)
+    assert not torch.equal(in_main_process[0][0], epoch_batches(0, epoch=2)[0][0])
+
+
+def private_dirty_bytes():
+    with open("/proc/self/smaps_rollup") as smaps:
+        fields = dict(line.split(":", 1) for line in smaps if line.startswith("Private_Dirty"))
+    return int(fields["Private_Dirty"].split()[0]) * 1024
+
+
+def memory_growth_of_reading_in_a_fork(read_every_path):
+    """Private memory that a forked child (as a DataLoader worker is) gains by reading every path."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    def child():
+        gc.disable()  # measure the reads, not a collection walking the parent's objects
+        before = private_dirty_bytes()
+        read_every_path()
+        sender.send(private_dirty_bytes() - before)
+
+    gc.collect()
+    process = context.Process(target=child)
+    process.start()
+    growth = receiver.recv()
+    process.join()
+    return growth
+
+
+def test_worker_memory_does_not_grow_with_the_number_of_samples():
+    count = 200_000
+    paths = [f"/data/train/n{number % 1000:08d}/n{number % 1000:08d}_{number}.JPEG" for number in range(count)]
+    index = data.SampleIndex(paths, [number % 1000 for number in range(count)])
+
+    def read_index():
+        for position in range(count):
+            index.path(position)
+
+    def read_list():
+        for position in range(count):
+            paths[position].encode()
+
+    compact_growth = memory_growth_of_reading_in_a_fork(read_index)
+    list_growth = memory_growth_of_reading_in_a_fork(read_list)
+
+    # A list of str copies every page of its ~200k objects into the reader (~10 MB and more); the index none.
+    assert list_growth > 8 * 2**20, "the measurement no longer sees copy-on-write"
+    assert compact_growth < 2 * 2**20

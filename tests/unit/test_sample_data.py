@@ -1,0 +1,59 @@
+"""sample_data.py: a deterministic, realistic ImageFolder, written atomically."""
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+import sample_data
+from conftest import TRAIN_DIR
+
+
+def digest(folder):
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    return hashlib.sha256(b"".join(str(path.relative_to(folder)).encode() + path.read_bytes() for path in files))
+
+
+def test_layout_sizes_and_determinism(tmp_path):
+    assert sample_data.write_sample_data(str(tmp_path / "a"), classes=3, per_class=4, val_per_class=2, seed=5)
+    sample_data.write_sample_data(str(tmp_path / "b"), classes=3, per_class=4, val_per_class=2, seed=5)
+    sample_data.write_sample_data(str(tmp_path / "c"), classes=3, per_class=4, val_per_class=2, seed=6)
+
+    for split, count in (("train", 4), ("val", 2)):
+        class_folders = sorted((tmp_path / "a" / split).iterdir())
+        assert [folder.name for folder in class_folders] == ["class_00", "class_01", "class_02"]
+        assert all(len(list(folder.glob("*.JPEG"))) == count for folder in class_folders)
+    with Image.open(next((tmp_path / "a" / "train" / "class_01").glob("*.JPEG"))) as image:
+        assert image.format == "JPEG" and image.mode == "RGB"
+        assert 400 <= image.width <= 500 and 350 <= image.height <= 400
+    assert digest(tmp_path / "a").digest() == digest(tmp_path / "b").digest()
+    assert digest(tmp_path / "a").digest() != digest(tmp_path / "c").digest()
+
+
+def test_runs_as_a_script_and_leaves_a_complete_set_alone(tmp_path):
+    out = tmp_path / "set"
+    command = [sys.executable, str(TRAIN_DIR / "sample_data.py"), str(out), "--classes", "2", "--per-class", "2"]
+
+    first = subprocess.run(command, capture_output=True, text=True, check=True)
+    before = digest(out).digest()
+    second = subprocess.run(command, capture_output=True, text=True, check=True)
+
+    assert "wrote" in first.stdout and "already complete" in second.stdout
+    assert digest(out).digest() == before
+    assert [path.name for path in tmp_path.iterdir()] == ["set"]  # no temporary folder left beside it
+
+
+def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
+    def fail_in_val(folder, split, *args):
+        if split == "val":
+            raise KeyboardInterrupt
+        original_write_split(folder, split, *args)
+
+    original_write_split = sample_data.write_split
+    monkeypatch.setattr(sample_data, "write_split", fail_in_val)
+    with pytest.raises(KeyboardInterrupt):
+        sample_data.write_sample_data(str(tmp_path / "set"), classes=2, per_class=1, val_per_class=1, seed=0)
+
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,162 @@
+"""train.py end to end, as subprocesses on the CPU: learning, resuming, signals, torchrun, --loader-only."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+from conftest import QUICK_RUN, TRAIN_ENV, TRAIN_SCRIPT, last_step, read_metrics, run_train, start_train, wait_until
+
+
+def checkpoint_names(run_dir):
+    return sorted(name for name in os.listdir(run_dir) if name.startswith("checkpoint-"))
+
+
+def interval_losses(run_dir):
+    """Loss per step; a step logged twice (before and after a resume) counts as its later record."""
+    return {record["step"]: record["loss"] for record in read_metrics(run_dir, "interval")}
+
+
+def test_a_short_run_learns_and_reports(sample_set, tmp_path):
+    run_dir = tmp_path / "run"
+    # resnet18: mobilenet_v3's batch-norm statistics (momentum 0.01) settle too slowly for validation here.
+    flags = ("--data", sample_set, "--run-dir", run_dir, "--epochs", "5", "--workers", "2", *QUICK_RUN)
+    result = run_train(*flags, "--arch", "resnet18")
+
+    assert result.returncode == 0, result.stderr
+    epochs = read_metrics(run_dir, "epoch")
+    assert [record["epoch"] for record in epochs] == [0, 1, 2, 3, 4]
+    assert epochs[-1]["val_accuracy"] >= 0.7  # 4 classes: chance is 0.25
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    intervals = read_metrics(run_dir, "interval")
+    assert [record["step"] for record in intervals] == list(range(1, 31))
+    for key in ("epoch", "loss", "accuracy", "lr", "images_per_sec", "data_wait_frac", "bad_images"):
+        assert key in intervals[-1]
+    assert 0 <= intervals[-1]["data_wait_frac"] <= 1
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["arch"], config["workers"], config["classes"][0]) == ("resnet18", 2, "class_00")
+    assert checkpoint_names(run_dir) == ["checkpoint-00000018.pt", "checkpoint-00000024.pt", "checkpoint-00000030.pt"]
+    assert re.search(r"^epoch 4 step 30 \| loss \d", result.stdout, re.MULTILINE)  # plain lines into a pipe
+    assert "finished --epochs 5 at step 30" in result.stdout
+
+
+def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_path):
+    run_flags = ("--data", sample_set, "--epochs", "3", "--workers", "2", *QUICK_RUN)
+    reference = run_train(*run_flags, "--run-dir", tmp_path / "reference")
+    assert reference.returncode == 0, reference.stderr
+
+    run_dir = tmp_path / "interrupted"
+    process = start_train(*run_flags, "--run-dir", run_dir)
+    wait_until(lambda: last_step(run_dir) >= 4, "step 4", process=process)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "stopped by SIGTERM" in stdout
+    stopped_at = last_step(run_dir)
+    assert 4 <= stopped_at < 18
+    assert checkpoint_names(run_dir)[-1] == f"checkpoint-{stopped_at:08d}.pt"
+
+    resumed = run_train(*run_flags, "--run-dir", run_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert re.search(
+        rf"^resumed from .*checkpoint-{stopped_at:08d}.pt: epoch \d, step {stopped_at}$", resumed.stdout, re.M
+    )
+    assert read_metrics(run_dir, "interval")[stopped_at]["step"] == stopped_at + 1  # no step done twice
+    assert interval_losses(run_dir) == interval_losses(tmp_path / "reference")  # every step, exactly
+    assert len(interval_losses(run_dir)) == 18
+
+
+def test_sighup_is_ignored(sample_set, tmp_path):
+    run_dir = tmp_path / "run"
+    # Its own session, like a login's; the hangup goes to the whole process group, workers included.
+    process = start_train(
+        "--data",
+        sample_set,
+        "--run-dir",
+        run_dir,
+        "--epochs",
+        "3",
+        "--workers",
+        "1",
+        *QUICK_RUN,
+        start_new_session=True,
+    )
+    wait_until(lambda: last_step(run_dir) >= 1, "step 1", process=process)
+    os.killpg(process.pid, signal.SIGHUP)
+    hung_up_at = last_step(run_dir)
+    wait_until(lambda: last_step(run_dir) >= hung_up_at + 3, "steps after the hangup", process=process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+
+
+def test_a_stale_temporary_checkpoint_is_not_resumed_from(sample_set, tmp_path):
+    run_dir = tmp_path / "run"
+    run_flags = ("--data", sample_set, "--run-dir", run_dir, "--workers", "0", *QUICK_RUN)
+    assert run_train(*run_flags, "--max-steps", "2").returncode == 0
+    # What a save killed half-way (power cut, SIGKILL) leaves beside the last good checkpoint.
+    (run_dir / ".checkpoint-77.tmp").write_bytes(b"\x80half a checkpoint")
+
+    resumed = run_train(*run_flags, "--max-steps", "3")
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from " + str(run_dir / "checkpoint-00000002.pt") in resumed.stdout
+    assert checkpoint_names(run_dir) == ["checkpoint-00000002.pt", "checkpoint-00000003.pt"]
+    assert not (run_dir / ".checkpoint-77.tmp").exists()
+
+
+def test_too_many_unreadable_images_stop_the_run_naming_them(sample_set, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(sample_set, data_dir)
+    broken = sorted((data_dir / "train" / "class_02").glob("*.JPEG"))[:3]
+    for path in broken:
+        path.write_bytes(path.read_bytes()[:300])  # truncated
+    run_flags = ("--data", data_dir, "--epochs", "1", "--workers", "2", *QUICK_RUN)
+
+    tolerated = run_train(*run_flags, "--run-dir", tmp_path / "tolerated", "--max-bad-images", "3")
+    assert tolerated.returncode == 0, tolerated.stderr
+    epoch_record = read_metrics(tmp_path / "tolerated", "epoch")[0]
+    assert epoch_record["bad_images"] == 3 and "bad images 3" in tolerated.stdout
+
+    stopped = run_train(*run_flags, "--run-dir", tmp_path / "stopped", "--max-bad-images", "2")
+    assert stopped.returncode == 1
+    assert "more than --max-bad-images 2" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert any(path.name in stopped.stderr for path in broken)
+
+
+def test_loader_only_reports_images_per_second(sample_set, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("--data", sample_set, "--run-dir", run_dir, "--loader-only", "--workers", "2", *QUICK_RUN)
+
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^loader-only: \d+\.\d images/s over 96 images \(2 workers\)$", result.stdout, re.MULTILINE)
+    (record,) = read_metrics(run_dir, "loader_only")
+    assert record["images"] == 96 and record["images_per_sec"] > 0
+    assert not [name for name in os.listdir(run_dir) if name.startswith("checkpoint-")]
+
+
+def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN_SCRIPT),
+        "--data", str(sample_set), "--run-dir", str(run_dir), "--epochs", "2", "--workers", "1", *QUICK_RUN,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=TRAIN_ENV, timeout=300, check=False)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["world_size"] == 2
+    steps = [record["step"] for record in read_metrics(run_dir, "interval")]
+    assert steps == list(range(1, 7))  # 96 images / 2 processes / 16 per batch = 3 steps an epoch, logged once
+    assert len(read_metrics(run_dir, "epoch")) == 2
+    assert len(re.findall(r"^epoch \d step \d \|", result.stdout, re.MULTILINE)) == 6
+    assert checkpoint_names(run_dir) == ["checkpoint-00000003.pt", "checkpoint-00000006.pt"]
+    assert sorted(os.listdir(run_dir)) == [
+        "checkpoint-00000003.pt",
+        "checkpoint-00000006.pt",
+        "config.json",
+        "metrics.jsonl",
+    ]

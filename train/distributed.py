@@ -1,0 +1,70 @@
+"""Several processes under torchrun: who this process is, the process group, and the loop's few collectives.
+
+torchrun sets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (and the rendezvous variables) in each
+process it starts; without them this is the only process. NCCL connects the processes on GPUs, gloo on CPUs.
+"""
+
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    # A gloo group for the per-step stop vote: a CPU collective, so the GPU queue is not drained for it.
+    cpu_group: object = None
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    @property
+    def is_distributed(self):
+        return self.world_size > 1
+
+
+def processes_from_environment():
+    environment = os.environ
+    return Processes(
+        rank=int(environment.get("RANK", 0)),
+        local_rank=int(environment.get("LOCAL_RANK", 0)),
+        world_size=int(environment.get("WORLD_SIZE", 1)),
+        local_world_size=int(environment.get("LOCAL_WORLD_SIZE", 1)),
+    )
+
+
+def start(processes, device):
+    """Join the process group when there are several processes; returns `processes` with its cpu_group."""
+    if not processes.is_distributed:
+        return processes
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return dataclasses.replace(processes, cpu_group=dist.new_group(backend="gloo"))
+
+
+def finish(processes):
+    if processes.is_distributed:
+        dist.destroy_process_group()
+
+
+def sum_over_processes(values, processes):
+    """`values` (a tensor) summed over all processes, in place; every process must call this together."""
+    if processes.is_distributed:
+        dist.all_reduce(values)
+    return values
+
+
+def any_process(flag, processes):
+    """True on every process when `flag` is true on at least one of them."""
+    if not processes.is_distributed:
+        return flag
+    vote = torch.tensor([int(flag)])
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=processes.cpu_group)
+    return bool(vote.item())

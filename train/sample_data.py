@@ -1,0 +1,110 @@
+"""Write a small, realistic ImageFolder to try train.py on: `python sample_data.py OUT_DIR`.
+
+OUT_DIR/train/CLASS/*.JPEG and OUT_DIR/val/CLASS/*.JPEG: JPEGs of ImageNet-like size (400-500 x 350-400 px,
+quality 90-96) with natural-looking 1/f ("pink") noise texture. Each class has its own dominant hue and
+stripe orientation, so a model can learn to tell them apart within a few epochs. The same seed gives the
+same files.
+
+The set is built in a hidden temporary folder beside OUT_DIR and renamed to OUT_DIR when complete, so a
+half-written set is never seen. If OUT_DIR already holds a complete set, nothing is done.
+"""
+
+import argparse
+import colorsys
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+from PIL import Image
+
+COMPLETE_MARKER = ".sample-data.json"  # written last; hidden, so never taken for a class
+SPLIT_SEEDS = {"train": 0, "val": 1}
+NOISE_FFT_SIDE = 512  # >= the largest image side
+
+
+def pink_noise(rng, height, width):
+    """Gaussian noise whose amplitude falls as 1/frequency, like natural images; unit standard deviation."""
+    side = NOISE_FFT_SIDE  # made square at a power of two (a fast FFT), then cropped
+    frequency = np.hypot(np.fft.fftfreq(side)[:, None], np.fft.rfftfreq(side)[None, :])
+    frequency[0, 0] = 1.0
+    spectrum = (rng.standard_normal(frequency.shape) + 1j * rng.standard_normal(frequency.shape)) / frequency
+    spectrum[0, 0] = 0.0
+    noise = np.fft.irfft2(spectrum, s=(side, side))[:height, :width]
+    return noise / noise.std()
+
+
+def class_image(rng, class_id, classes):
+    """One image of class `class_id`: its hue and stripe angle, jittered, over pink-noise texture; HWC uint8."""
+    width, height = int(rng.integers(400, 501)), int(rng.integers(350, 401))
+    hue = (class_id / classes + rng.normal(0, 0.02)) % 1.0
+    colour = np.array(colorsys.hsv_to_rgb(hue, rng.uniform(0.5, 0.9), rng.uniform(0.6, 0.9)))
+    angle = math.pi * class_id / classes + rng.normal(0, 0.1)
+    period = rng.uniform(25, 45)
+    y, x = np.mgrid[0:height, 0:width]
+    stripes = np.sin(2 * np.pi * (x * math.cos(angle) + y * math.sin(angle)) / period + rng.uniform(0, 2 * np.pi))
+    shade = 0.75 + 0.12 * pink_noise(rng, height, width) + 0.15 * stripes
+    tint = 0.06 * pink_noise(rng, height, width)[..., None] * rng.normal(size=3)  # colour blotches
+    pixels = 255 * (colour * shade[..., None] + tint)
+    return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+def write_split(folder, split, classes, per_class, seed):
+    for class_id in range(classes):
+        class_folder = os.path.join(folder, split, f"class_{class_id:02d}")
+        os.makedirs(class_folder)
+        for number in range(per_class):
+            rng = np.random.default_rng([seed, SPLIT_SEEDS[split], class_id, number])
+            path = os.path.join(class_folder, f"class_{class_id:02d}_{number:04d}.JPEG")
+            Image.fromarray(class_image(rng, class_id, classes)).save(path, quality=int(rng.integers(90, 97)))
+
+
+def write_sample_data(out_dir, classes, per_class, val_per_class, seed):
+    """Build the set beside `out_dir` and rename it into place; returns False when it was already there."""
+    if os.path.exists(os.path.join(out_dir, COMPLETE_MARKER)):
+        return False
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        raise FileExistsError(f"{out_dir} exists and is not a sample data set: not overwriting it")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    temp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
+    try:
+        os.chmod(temp_dir, 0o755)  # mkdtemp makes it private; a data set is for everyone to read
+        write_split(temp_dir, "train", classes, per_class, seed)
+        if val_per_class > 0:  # without val/, train.py holds out --val-fraction of train/
+            write_split(temp_dir, "val", classes, val_per_class, seed)
+        settings = {"classes": classes, "per_class": per_class, "val_per_class": val_per_class, "seed": seed}
+        with open(os.path.join(temp_dir, COMPLETE_MARKER), "w") as marker:
+            json.dump(settings, marker)
+        os.rename(temp_dir, out_dir)  # atomic; replaces an empty folder (a fresh mount point), nothing else
+    except BaseException:
+        shutil.rmtree(temp_dir)
+        raise
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", help="folder to create, e.g. /workspace/sample-data")
+    parser.add_argument("--classes", type=int, default=4, help="number of classes (default: 4)")
+    parser.add_argument("--per-class", type=int, default=40, help="training images per class (default: 40)")
+    parser.add_argument("--val-per-class", type=int, default=10, help="validation images per class (default: 10)")
+    parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: 0)")
+    args = parser.parse_args(argv)
+    minimums = {"classes": 1, "per_class": 1, "val_per_class": 0, "seed": 0}
+    for name, minimum in minimums.items():
+        if getattr(args, name) < minimum:
+            parser.error(f"--{name.replace('_', '-')}: expected an integer >= {minimum}, got {getattr(args, name)}")
+    try:
+        written = write_sample_data(args.out_dir, args.classes, args.per_class, args.val_per_class, args.seed)
+    except FileExistsError as error:
+        print(f"sample_data.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    print(f"{'wrote' if written else 'already complete:'} {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()
