@@ -1,0 +1,245 @@
+"""The notebooks: committed without outputs; each runs top to bottom in the image's Jupyter against the sample
+data with no error and with its plots as images; and a real browser (headless Chromium, driven over the Chrome
+DevTools Protocol) opens the first one, runs all its cells from the menu and finds the doctor's table.
+
+The browser's screenshot goes to $TORCHLAB_ARTIFACTS (default .cache/test-artifacts/).
+"""
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+import websocket
+
+from conftest import IMAGE, TOKEN, docker, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("TORCHLAB_ARTIFACTS", ROOT / ".cache" / "test-artifacts"))
+CELL_TIMEOUT_S = 240
+NOTEBOOK_TIMEOUT_S = 360
+# What each notebook must show once it has run: images (its plots), and text or HTML that only a working run makes.
+EXPECTED_OUTPUTS = {
+    "01-environment-check.ipynb": {"images": 0, "contains": ['<table class="torchlab-doctor"', "doctor: "]},
+    "02-data-and-loader.ipynb": {"images": 4, "contains": ["--workers", "4 classes", "python /opt/torchlab/train"]},
+    "03-train-and-monitor.ipynb": {"images": 2, "contains": ["resumed from", "exited with status 0"]},
+}
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-proxy-server",
+    "--remote-debugging-port=0", "--window-size=1400,2400",
+]  # fmt: skip
+
+
+def read_notebook(path):
+    return json.loads(Path(path).read_text())
+
+
+def code_cells(notebook):
+    return [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+
+
+def test_committed_notebooks_carry_no_outputs_and_use_the_env_kernel():
+    paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert [path.name for path in paths] == sorted(EXPECTED_OUTPUTS)
+    for path in paths:
+        notebook = read_notebook(path)
+        assert notebook["nbformat"] == 4
+        assert notebook["metadata"]["kernelspec"]["name"] == "python3", path.name
+        for cell in code_cells(notebook):
+            assert cell["outputs"] == [], f"{path.name} cell {cell.get('id')} has outputs: clear them"
+            assert cell["execution_count"] is None, f"{path.name} cell {cell.get('id')} has an execution count"
+        assert "/opt/torchlab/train" in "".join(code_cells(notebook)[0]["source"]), path.name
+
+
+@pytest.fixture(scope="module")
+def sample_data(tmp_path_factory):
+    """The image's sample data set, generated on the host as the user who runs the tests."""
+    folder = tmp_path_factory.mktemp("notebook-data")
+    docker(
+        "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "--entrypoint", "python",
+        "-v", f"{folder}:/out", IMAGE, "/opt/torchlab/train/sample_data.py", "/out/data", timeout=300,
+    )  # fmt: skip
+    return folder / "data"
+
+
+@pytest.fixture(scope="module")
+def notebook_container(module_containers, sample_data):
+    """A running container with the sample data at /data and the notebooks in /workspace/notebooks."""
+    container = module_containers.run("-v", f"{sample_data}:/data:ro", env={"JUPYTER_TOKEN": TOKEN})
+    for name in EXPECTED_OUTPUTS:
+        path = f"/workspace/notebooks/{name}"
+        assert container.exec("test", "-f", path, check=False).returncode == 0, f"{path}: not seeded into /workspace"
+    return container
+
+
+def outputs_of(notebook):
+    return [output for cell in code_cells(notebook) for output in cell["outputs"]]
+
+
+def output_text(output):
+    if "text" in output:
+        return "".join(output["text"])
+    return "".join("".join(value) for key, value in output.get("data", {}).items() if key.startswith("text/"))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_OUTPUTS))
+def test_notebook_runs_top_to_bottom_in_the_image(notebook_container, name):
+    result = docker(
+        "exec", "-u", "jovyan", "-w", "/workspace/notebooks", notebook_container.name,
+        "jupyter", "nbconvert", "--to", "notebook", "--execute", f"--ExecutePreprocessor.timeout={CELL_TIMEOUT_S}",
+        "--output-dir", "/tmp/executed", name,
+        check=False, timeout=NOTEBOOK_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{name} failed to run:\n{result.stderr[-4000:]}"
+    executed = json.loads(notebook_container.exec("cat", f"/tmp/executed/{name}").stdout)
+    outputs = outputs_of(executed)
+    errors = [output for output in outputs if output["output_type"] == "error"]
+    assert not errors, f"{name}: error outputs: {[error['ename'] + ': ' + error['evalue'] for error in errors]}"
+    assert all(cell["execution_count"] for cell in code_cells(executed)), f"{name}: a cell did not run"
+    images = [output for output in outputs if "image/png" in output.get("data", {})]
+    assert len(images) >= EXPECTED_OUTPUTS[name]["images"], f"{name}: {len(images)} plots came out as images"
+    assert all(base64.b64decode(image["data"]["image/png"])[:8] == b"\x89PNG\r\n\x1a\n" for image in images)
+    text = "\n".join(map(output_text, outputs))
+    for expected in EXPECTED_OUTPUTS[name]["contains"]:
+        assert expected in text, f"{name}: {expected!r} is not in its outputs:\n{text[-3000:]}"
+
+
+# ---------------------------------------------------------------- the browser
+class DevToolsPage:
+    """One browser tab over the Chrome DevTools Protocol: commands and their answers on the tab's websocket."""
+
+    def __init__(self, websocket_url):
+        self.connection = websocket.create_connection(websocket_url, timeout=60, suppress_origin=True)
+        self.last_id = 0
+
+    def call(self, method, **params):
+        self.last_id += 1
+        self.connection.send(json.dumps({"id": self.last_id, "method": method, "params": params}))
+        while True:  # events (none are enabled) and nothing else may come before the answer
+            message = json.loads(self.connection.recv())
+            if message.get("id") == self.last_id:
+                if "error" in message:
+                    raise AssertionError(f"{method}: {message['error']}")
+                return message.get("result", {})
+
+    def evaluate(self, expression):
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise AssertionError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def click(self, selector, text):
+        """Move to, press and release the mouse on the first `selector` element whose text is `text`."""
+        centre_of_element = f"""(() => {{
+            const element = [...document.querySelectorAll({json.dumps(selector)})]
+                .find(e => e.textContent.trim() === {json.dumps(text)});
+            const box = element && element.getBoundingClientRect();
+            return box && box.width > 0 ? {{x: box.x + box.width / 2, y: box.y + box.height / 2}} : null;
+        }})()"""
+        centre = wait_for(lambda: self.evaluate(centre_of_element), 30, f"{text!r} ({selector}) on the page")
+        for event in ("mouseMoved", "mousePressed", "mouseReleased"):
+            click = {} if event == "mouseMoved" else {"clickCount": 1}
+            self.call("Input.dispatchMouseEvent", type=event, x=centre["x"], y=centre["y"], button="left", **click)
+
+    def screenshot(self, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+
+    def close(self):
+        self.connection.close()
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A headless Chromium with a fresh profile; yields its one tab. Skips where Chromium is not installed."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed on this host (Debian: apt-get install -y chromium)")
+    profile = tmp_path / "profile"
+    log = (tmp_path / "chromium.log").open("w")
+    process = subprocess.Popen(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    page = None
+    try:
+        port_file = profile / "DevToolsActivePort"
+
+        def devtools_port():
+            if process.poll() is not None:
+                raise AssertionError(
+                    f"chromium exited ({process.returncode}):\n{(tmp_path / 'chromium.log').read_text()}"
+                )
+            return port_file.exists() and port_file.read_text().split("\n", 1)[0].strip()
+
+        port = wait_for(devtools_port, 60, "chromium's DevTools port")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as response:
+            targets = json.loads(response.read())
+        page = DevToolsPage(next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page"))
+        yield page
+    finally:
+        if page is not None:
+            page.close()
+        os.killpg(process.pid, signal.SIGTERM)  # its own process group: the browser and its helpers
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=20)
+        log.close()
+
+
+def notebook_kernel_state(port, name="01-environment-check.ipynb"):
+    """The execution state of the kernel of the page's session on `name`, from Jupyter's REST API; None without one."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/sessions", headers={"Authorization": f"token {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        sessions = json.loads(response.read())
+    return next((s["kernel"]["execution_state"] for s in sessions if s["path"].endswith(name)), None)
+
+
+def test_browser_runs_the_environment_notebook_and_shows_the_doctor_table(notebook_container, browser_page):
+    page = browser_page
+    port = notebook_container.host_port(8888)
+    page.call(
+        "Page.navigate", url=f"http://127.0.0.1:{port}/notebooks/notebooks/01-environment-check.ipynb?token={TOKEN}"
+    )
+    screenshot = ARTIFACTS / "01-environment-check.png"
+    try:
+        wait_for(
+            lambda: page.evaluate("document.querySelectorAll('.jp-Notebook .jp-CodeCell').length") >= 4,
+            120, "the notebook's cells in the page",
+        )  # fmt: skip
+        wait_for(lambda: notebook_kernel_state(port) == "idle", 120, "the notebook's kernel to start and be idle")
+        page.click(".lm-MenuBar-itemLabel", "Run")
+        page.click(".lm-Menu-itemLabel", "Run All Cells")
+        rows = wait_for(
+            lambda: page.evaluate("document.querySelectorAll('.jp-OutputArea table.torchlab-doctor tbody tr').length"),
+            180, "the doctor's table in the notebook's outputs",
+        )  # fmt: skip
+        statuses = page.evaluate(
+            "[...document.querySelectorAll('table.torchlab-doctor tbody tr')].map(r => r.dataset.status)"
+        )
+        assert rows >= 8
+        assert set(statuses) <= {"ok", "warn", "fail"}
+        assert "fail" not in statuses, page.evaluate("document.querySelector('table.torchlab-doctor').innerText")
+        # The last cell ran too: all cells, not only the doctor's.
+        wait_for(
+            lambda: "GPU check skipped" in page.evaluate("document.querySelector('.jp-Notebook').innerText")
+            or "TFLOP/s" in page.evaluate("document.querySelector('.jp-Notebook').innerText"),
+            120, "the GPU check's output",
+        )  # fmt: skip
+        errors = page.evaluate(
+            "document.querySelectorAll('[data-mime-type=\"application/vnd.jupyter.stderr\"]').length"
+        )
+        assert errors == 0, page.evaluate("document.querySelector('.jp-Notebook').innerText")[-3000:]
+    finally:
+        page.screenshot(screenshot)
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,246 @@
+"""doctor.py: each check's ok / warn / fail on real small inputs, the report's forms, and the exit status."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import doctor
+import loader
+from conftest import TRAIN_DIR
+
+MIB = 2**20
+BATCH_BYTES = 64 * 224 * 224 * 3  # train.py's default batch: 64 uint8 images of 224 x 224 x 3
+
+
+def run_doctor(*args):
+    command = [sys.executable, str(TRAIN_DIR / "doctor.py"), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+# ---------------------------------------------------------------- data
+def test_a_missing_data_folder_fails_with_the_mount_to_add(tmp_path):
+    check = doctor.check_data(str(tmp_path / "missing"), batch_size=64, val_fraction=0.1, seed=0)
+    assert check.status == doctor.FAIL
+    assert "no such folder" in check.detail
+    assert f"-v /path/to/images:{tmp_path / 'missing'}" in check.fix
+
+
+def test_a_file_or_an_empty_folder_is_no_data(tmp_path):
+    (tmp_path / "file").write_text("not images")
+    assert doctor.check_data(str(tmp_path / "file"), 64, 0.1, 0).status == doctor.FAIL
+    (tmp_path / "empty").mkdir()
+    check = doctor.check_data(str(tmp_path / "empty"), 64, 0.1, 0)
+    assert check.status == doctor.FAIL
+    assert "no class folders" in check.detail
+
+
+def test_train_and_val_folders_are_counted(sample_set):
+    check = doctor.check_data(str(sample_set), batch_size=16, val_fraction=0.1, seed=0)
+    assert check.status == doctor.OK, check
+    assert check.facts["layout"] == "train_val"
+    assert check.facts["classes"] == ["class_00", "class_01", "class_02", "class_03"]
+    assert (check.facts["train_images"], check.facts["val_images"]) == (96, 24)
+    assert "train/ and val/; 4 classes (class_00, class_01, class_02, class_03); 96 training and 24 validation" in (
+        check.detail
+    )
+
+
+def test_one_folder_of_classes_holds_out_the_val_fraction(sample_set, tmp_path):
+    single = tmp_path / "single"
+    shutil.copytree(sample_set / "train", single)
+    check = doctor.check_data(str(single), batch_size=16, val_fraction=0.25, seed=0)
+    assert check.status == doctor.OK, check
+    assert check.facts["layout"] == "single"
+    assert (check.facts["train_images"], check.facts["val_images"]) == (72, 24)
+    assert "25% held out" in check.detail
+
+
+def test_fewer_images_than_one_batch_fail_and_one_class_warns(sample_set, tmp_path):
+    check = doctor.check_data(str(sample_set), batch_size=97, val_fraction=0.1, seed=0)
+    assert check.status == doctor.FAIL
+    assert "--batch-size to 96" in check.fix
+    one_class = tmp_path / "one"
+    shutil.copytree(sample_set / "train" / "class_00", one_class / "class_00")
+    check = doctor.check_data(str(one_class), batch_size=8, val_fraction=0.1, seed=0)
+    assert check.status == doctor.WARN
+    assert "two class folders" in check.fix
+
+
+# ---------------------------------------------------------------- /dev/shm
+def test_shared_memory_smaller_than_the_batches_in_flight_fails():
+    needed = 2 * 4 * BATCH_BYTES
+    check = doctor.check_shared_memory((64 * MIB, 64 * MIB), 2, prefetch_factor=4, batch_size=64, image_size=224)
+    assert needed > 64 * MIB
+    assert check.status == doctor.FAIL
+    assert check.facts["needed"] == needed
+    assert "--shm-size=8g" in check.fix
+    assert "bus error" in check.detail
+
+
+def test_shared_memory_with_little_room_warns_and_with_room_is_ok():
+    needed = 2 * 4 * BATCH_BYTES
+    tight = doctor.check_shared_memory((needed + MIB, needed + MIB), 2, 4, 64, 224)
+    assert tight.status == doctor.WARN
+    roomy = doctor.check_shared_memory((8 * 2**30, 8 * 2**30), 2, 4, 64, 224)
+    assert roomy.status == doctor.OK
+    assert roomy.fix == ""
+
+
+def test_shared_memory_counts_free_space_processes_and_no_workers():
+    size = 8 * 2**30
+    assert doctor.check_shared_memory((size, 10 * MIB), 2, 4, 64, 224).status == doctor.FAIL
+    eight_processes = doctor.check_shared_memory((size, size), 8, 4, 256, 224, processes=8)
+    assert eight_processes.status == doctor.FAIL
+    assert "--shm-size=19g" in eight_processes.fix  # twice the 9.2 GiB in flight, rounded up
+    assert doctor.check_shared_memory((64 * MIB, 64 * MIB), 0, 4, 64, 224).status == doctor.OK
+    assert doctor.check_shared_memory(None, 2, 4, 64, 224).status == doctor.FAIL
+
+
+def test_the_real_dev_shm_is_read():
+    size, free = doctor.shared_memory_bytes()
+    assert size == os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize
+    assert 0 <= free <= size
+    assert doctor.shared_memory_bytes("/no/such/folder") is None
+
+
+# ---------------------------------------------------------------- CPUs and the run dir
+def test_more_workers_than_usable_cpus_warn_with_a_count_that_fits():
+    usable = loader.usable_cpu_count()
+    check = doctor.check_cpus(workers=usable + 1)
+    assert check.status == doctor.WARN
+    assert f"--workers {usable}" in check.fix
+    assert check.facts["usable"] == usable
+
+
+def test_the_cgroup_quota_caps_the_usable_cpus(tmp_path):
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # docker run --cpus=0.5
+    check = doctor.check_cpus(workers=1, cgroup_root=str(tmp_path))
+    assert check.facts["usable"] == 1
+    assert check.facts["quota"] == 0.5
+    assert "cgroup CPU quota 0.5" in check.detail
+    assert check.status == doctor.WARN  # one CPU decodes slowly
+
+
+def test_a_writable_run_dir_with_room_passes_and_a_full_one_fails(tmp_path):
+    run_dir = tmp_path / "runs" / "first"  # not made yet: its nearest existing folder counts
+    check = doctor.check_run_dir(str(run_dir), fail_below=0, warn_below=0)
+    assert check.status in (doctor.OK, doctor.WARN)
+    assert check.facts["path"] == str(run_dir)
+    assert check.facts["free"] == shutil.disk_usage(tmp_path).free
+    if check.status == doctor.WARN:  # tmp_path in the container's own file system
+        assert not check.facts["persistent"]
+        assert "-v" in check.fix
+    full = doctor.check_run_dir(str(run_dir), fail_below=2**62)
+    assert full.status == doctor.FAIL
+    assert "free disk space" in full.fix
+
+
+def test_a_run_dir_under_a_file_cannot_be_written(tmp_path):
+    (tmp_path / "file").write_text("")
+    check = doctor.check_run_dir(str(tmp_path / "file" / "run"))
+    assert check.status == doctor.FAIL
+    assert "cannot be written" in check.detail
+
+
+def test_mount_of_finds_the_longest_mount_point(tmp_path):
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "1 0 0:1 / / rw,relatime - overlay overlay rw\n"
+        "2 1 0:2 / /data ro,relatime - ext4 /dev/sda1 rw\n"
+        "3 1 0:3 / /work\\040space rw - xfs /dev/sdb rw\n"
+    )
+    assert doctor.mount_of("/data/train", str(mountinfo)) == ("/data", "ext4", True)
+    assert doctor.mount_of("/database", str(mountinfo)) == ("/", "overlay", False)
+    assert doctor.mount_of("/work space/x", str(mountinfo)) == ("/work space", "xfs", False)
+    assert doctor.in_container_layer(doctor.mount_of("/tmp", str(mountinfo)))
+    assert doctor.mount_of("/data", str(tmp_path / "none")) is None
+
+
+# ---------------------------------------------------------------- software and GPUs
+def test_versions_and_the_torch_build_are_reported():
+    check = doctor.check_torch()
+    assert check.status == doctor.OK
+    assert torch.__version__ in check.detail
+    if torch.version.cuda:
+        assert f"CUDA {torch.version.cuda}" in check.detail
+    assert doctor.check_package("torchvision").status == doctor.OK
+    assert doctor.check_package("no_such_package_here").status == doctor.FAIL
+    assert doctor.cudnn_version_text(8902) == "8.9.2"
+    assert doctor.cudnn_version_text(90100) == "9.1.0"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the no-GPU case cannot be seen here")
+def test_no_gpu_is_a_warning_with_the_docker_flag():
+    (check,) = doctor.check_gpus()
+    assert check.status == doctor.WARN
+    assert "--gpus all" in check.fix
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
+def test_each_gpu_multiplies_correctly():
+    checks = doctor.check_gpus()
+    assert len(checks) == torch.cuda.device_count()
+    assert all(check.status != doctor.FAIL for check in checks), checks
+    assert all(check.facts["matmul_error"] < doctor.MATMUL_TOLERANCE for check in checks)
+
+
+# ---------------------------------------------------------------- the report and the command
+def test_report_status_exit_code_and_html():
+    report = doctor.Report(
+        [doctor.Check("a", doctor.OK, "fine"), doctor.Check("b <script>", doctor.WARN, "x < y", fix="do z")]
+    )
+    assert (report.status, report.exit_code) == (doctor.WARN, 0)
+    page = report._repr_html_()
+    assert page.startswith('<table class="torchlab-doctor"')
+    assert page.count('<tr class="torchlab-doctor-') == 2
+    assert "b &lt;script&gt;" in page
+    assert "<script>" not in page
+    report.append(doctor.Check("c", doctor.FAIL, "broken", fix="mend it"))
+    assert (report.status, report.exit_code) == (doctor.FAIL, 1)
+    assert report.summary() == "doctor: 1 ok, 1 warn, 1 fail"
+    assert "fix: mend it" in report.as_text()
+
+
+def test_run_checks_takes_train_py_defaults(tmp_path):
+    report = doctor.run_checks(data_dir=str(tmp_path / "missing"), run_dir=str(tmp_path / "run"))
+    names = [check.name for check in report]
+    assert names[:4] == ["python", "torch", "torchvision", "torchaudio"]
+    assert {"data", "shared memory", "cpus", "run dir"} <= set(names)
+    shm = next(check for check in report if check.name == "shared memory")
+    assert shm.facts["workers"] == loader.auto_worker_count(1)
+    assert shm.facts["needed"] == shm.facts["workers"] * 4 * BATCH_BYTES  # train.py's prefetch 4, batch 64
+
+
+def test_command_exits_1_on_a_failure_and_prints_json(tmp_path):
+    result = run_doctor("--data", tmp_path / "missing", "--run-dir", tmp_path / "run", "--json")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == "fail"
+    data_check = next(check for check in report["checks"] if check["name"] == "data")
+    assert data_check["status"] == "fail"
+    assert "-v /path/to/images" in data_check["fix"]
+
+
+def test_command_exits_0_when_nothing_fails(sample_set, tmp_path):
+    result = run_doctor("--data", sample_set, "--workers", 0, "--batch-size", 16, "--run-dir", tmp_path / "run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1].startswith("doctor: ") and lines[-1].endswith(" 0 fail")
+    assert any(line.startswith("ok    data ") for line in lines)
+    status_words = {line.split()[0] for line in lines[:-1] if not line.startswith(" ")}
+    assert status_words <= {"ok", "warn"}
+
+
+def test_command_help_documents_exit_status_and_a_bad_flag_exits_2():
+    help_text = run_doctor("--help").stdout
+    assert "Exit status" in help_text
+    assert "--shm-size" in help_text
+    assert "torchlab doctor" in help_text
+    bad = run_doctor("--workers", "many")
+    assert bad.returncode == 2
+    assert "--workers" in bad.stderr

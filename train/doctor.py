@@ -1,0 +1,495 @@
+"""Check this container before a long run: `python doctor.py` (or `torchlab doctor`); --help lists what it checks.
+
+Each check is one row: ok, warn or fail, what was found, and for warn and fail the fix in words. A notebook
+calls run_checks() and gets a Report: a list of Check rows that shows itself as an HTML table.
+The defaults of --data, --workers, --batch-size, --prefetch-factor, --image-size and --run-dir are train.py's.
+"""
+
+import argparse
+import dataclasses
+import html
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+
+import cli
+import data
+import loader
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+SEVERITY = {OK: 0, WARN: 1, FAIL: 2}
+EXIT_FAIL = 1
+GIB = 2**30
+# Batches travel from the loader workers to the training process through /dev/shm as uint8 H x W x 3 arrays.
+IMAGE_CHANNELS = 3
+SUGGESTED_SHM_GIB = 8
+# /dev/shm under twice what the batches in flight take leaves too little for anything else there.
+SHM_HEADROOM = 2.0
+# Checkpoints of a ResNet-50 with its optimiser state take ~200 MB each and train.py keeps three.
+RUN_DIR_FAIL_BYTES = 1 * GIB
+RUN_DIR_WARN_BYTES = 10 * GIB
+# GPU memory already taken by others before this process starts: more than this share is worth a warning.
+GPU_MEMORY_BUSY_SHARE = 0.5
+MATMUL_SIZE = 1024
+MATMUL_REPEATS = 10
+MATMUL_TOLERANCE = 1e-2  # relative to the largest entry; TF32 lands near 1e-3, fp32 near 1e-6
+CLASS_NAMES_SHOWN = 5
+GPUS_FIX = "start the container with --gpus all (the host needs the NVIDIA driver and the NVIDIA Container Toolkit)"
+
+
+@dataclasses.dataclass
+class Check:
+    """One row of the report: `facts` holds the numbers behind `detail` for tools (--json)."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+    facts: dict = dataclasses.field(default_factory=dict)
+
+
+class Report(list):
+    """The rows of run_checks(): a list of Check, shown as an HTML table in Jupyter."""
+
+    @property
+    def status(self):
+        """The worst status of all rows."""
+        return max((check.status for check in self), key=SEVERITY.__getitem__, default=OK)
+
+    @property
+    def exit_code(self):
+        return EXIT_FAIL if self.status == FAIL else 0
+
+    def counts(self):
+        return {status: sum(check.status == status for check in self) for status in SEVERITY}
+
+    def summary(self):
+        counts = self.counts()
+        return f"doctor: {counts[OK]} ok, {counts[WARN]} warn, {counts[FAIL]} fail"
+
+    def as_text(self):
+        width = max((len(check.name) for check in self), default=0)
+        lines = []
+        for check in self:
+            lines.append(f"{check.status:<4}  {check.name:<{width}}  {check.detail}")
+            if check.fix:
+                lines.append(f"{'':<4}  {'':<{width}}  fix: {check.fix}")
+        return "\n".join([*lines, self.summary()])
+
+    def as_json(self):
+        return json.dumps(
+            {"status": self.status, "counts": self.counts(), "checks": [dataclasses.asdict(c) for c in self]}, indent=2
+        )
+
+    def _repr_html_(self):
+        colours = {OK: "#1a7f37", WARN: "#9a6700", FAIL: "#cf222e"}
+        cell = '<td style="text-align:left;vertical-align:top">'
+        rows = "".join(
+            f'<tr class="torchlab-doctor-{check.status}" data-status="{check.status}">'
+            f'<td style="text-align:left;vertical-align:top;color:{colours[check.status]};font-weight:bold">'
+            f"{check.status}</td>{cell}{html.escape(check.name)}</td>{cell}{html.escape(check.detail)}</td>"
+            f"{cell}{html.escape(check.fix)}</td></tr>"
+            for check in self
+        )
+        header = "".join(f'<th style="text-align:left">{title}</th>' for title in ("status", "check", "found", "fix"))
+        return (
+            f'<table class="torchlab-doctor"><thead><tr>{header}</tr></thead><tbody>{rows}</tbody>'
+            f'<caption style="caption-side:bottom;text-align:left">{self.summary()}</caption></table>'
+        )
+
+
+def format_bytes(count):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def cudnn_version_text(version):
+    """torch.backends.cudnn.version() as major.minor.patch: 8902 is 8.9.2, 90100 is 9.1.0."""
+    major_unit = 10000 if version >= 90000 else 1000
+    return f"{version // major_unit}.{version % major_unit // 100}.{version % 100}"
+
+
+# ---------------------------------------------------------------- the software
+def check_python():
+    return Check("python", OK, f"{sys.version.split()[0]} ({sys.executable})", facts={"version": sys.version})
+
+
+def check_torch():
+    if torch.version.cuda is not None:
+        cudnn = torch.backends.cudnn.version()
+        built = f"CUDA {torch.version.cuda}, cuDNN {cudnn_version_text(cudnn) if cudnn else 'none'}"
+    elif torch.version.hip is not None:
+        built = f"ROCm (HIP {torch.version.hip})"
+    else:
+        built = "CPU only"
+    facts = {"version": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+    return Check("torch", OK, f"{torch.__version__}, built with {built}", facts=facts)
+
+
+def check_package(name):
+    try:
+        module = __import__(name)
+    except Exception as error:  # ImportError, or an OSError from a library that does not load
+        return Check(name, FAIL, f"does not import: {error}", fix="rebuild the image (its env is incomplete)")
+    return Check(name, OK, module.__version__, facts={"version": module.__version__})
+
+
+# ---------------------------------------------------------------- GPUs
+def nvidia_driver_version():
+    """The NVIDIA driver's version, from nvidia-smi or the kernel module; None when neither says."""
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        )  # fmt: skip
+        return result.stdout.split()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    try:
+        with open("/proc/driver/nvidia/version") as version_file:
+            words = version_file.readline().split()
+    except OSError:
+        return None
+    return next((word for word in words if word[:1].isdigit() and "." in word), None)
+
+
+def measure_matmul(device, size=MATMUL_SIZE, dtype=torch.float32, repeats=MATMUL_REPEATS):
+    """Multiply two random size x size matrices on `device`: (TFLOP/s, largest error relative to the largest entry).
+
+    The error is against the same product in float64 on the CPU.
+    """
+    generator = torch.Generator().manual_seed(0)
+    left, right = (torch.randn(size, size, generator=generator) for _ in range(2))
+    expected = left.double() @ right.double()
+    left_on_device, right_on_device = left.to(device, dtype), right.to(device, dtype)
+    product = left_on_device @ right_on_device  # the first call loads the kernels: not timed
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        product = left_on_device @ right_on_device
+    torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - start
+    error = ((product.double().cpu() - expected).abs().max() / expected.abs().max()).item()
+    return 2 * size**3 * repeats / elapsed / 1e12, error
+
+
+def check_gpu(index, driver):
+    device = torch.device("cuda", index)
+    properties = torch.cuda.get_device_properties(device)
+    name = f"gpu {index}"
+    facts = {"name": properties.name, "driver": driver, "capability": f"{properties.major}.{properties.minor}"}
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        tflops, error = measure_matmul(device)
+    except RuntimeError as failure:
+        return Check(
+            name, FAIL, f"{properties.name}: CUDA fails on it: {failure}".splitlines()[0],
+            fix="check the GPU on the host with nvidia-smi; the driver must support this torch's CUDA",
+            facts=facts,
+        )  # fmt: skip
+    facts.update(memory_total=total, memory_free=free, matmul_tflops=tflops, matmul_error=error)
+    detail = (
+        f"{properties.name} (compute {facts['capability']}), driver {driver or 'unknown'}, "
+        f"{format_bytes(free)} free of {format_bytes(total)}; {MATMUL_SIZE}x{MATMUL_SIZE} float32 matmul "
+        f"{tflops:.1f} TFLOP/s, error {error:.1e}"
+    )
+    if error > MATMUL_TOLERANCE:
+        return Check(name, FAIL, detail, fix="the GPU computes wrong results: check it on the host", facts=facts)
+    if free < total * GPU_MEMORY_BUSY_SHARE:
+        fix = "other processes hold its memory: nvidia-smi on the host lists them"
+        return Check(name, WARN, detail, fix=fix, facts=facts)
+    return Check(name, OK, detail, facts=facts)
+
+
+def check_gpus():
+    """One row per visible GPU; no GPU is a warning (train.py runs on the CPU), a GPU CUDA cannot use a failure."""
+    if torch.version.cuda is None:
+        return [Check("gpu", WARN, "this torch is a CPU-only build: training runs on the CPU", fix=GPUS_FIX)]
+    if not torch.cuda.is_available():
+        device_files = [name for name in os.listdir("/dev") if name.startswith("nvidia") and name[6:].isdigit()]
+        if device_files:
+            try:
+                torch.cuda.init()
+                reason = "unknown reason"
+            except Exception as error:  # torch raises RuntimeError or its own CUDA errors
+                reason = str(error).splitlines()[0]
+            return [
+                Check(
+                    "gpu", FAIL, f"/dev/{device_files[0]} is there but CUDA cannot use it: {reason}",
+                    fix=f"the host's NVIDIA driver must support CUDA {torch.version.cuda}: update it (nvidia-smi "
+                    "on the host shows its version), and start the container with --gpus all",
+                )
+            ]  # fmt: skip
+        return [Check("gpu", WARN, "no GPU visible: train.py runs on the CPU (slowly)", fix=GPUS_FIX)]
+    driver = nvidia_driver_version()
+    return [check_gpu(index, driver) for index in range(torch.cuda.device_count())]
+
+
+# ---------------------------------------------------------------- mounts, data, memory, CPUs, disk
+def mount_of(path, mountinfo="/proc/self/mountinfo"):
+    """(mount point, file system type, read-only) of the mount that holds `path`; None if mountinfo is unreadable."""
+    path = os.path.realpath(path)
+    found = None
+    try:
+        with open(mountinfo) as mounts:
+            for line in mounts:
+                fields, _, after_separator = line.partition(" - ")
+                fields = fields.split()
+                # Spaces and such in mount points are octal escapes (\040).
+                mount_point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), fields[4])
+                inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+                if inside and (found is None or len(mount_point) >= len(found[0])):
+                    found = (mount_point, after_separator.split()[0], "ro" in fields[5].split(","))
+    except OSError:
+        return None
+    return found
+
+
+def in_container_layer(mount):
+    """Whether `mount` (from mount_of) is the container's own file system, which goes with the container."""
+    return mount is not None and mount[0] == "/" and mount[1] == "overlay"
+
+
+def describe_mount(mount):
+    if mount is None:
+        return "mount unknown"
+    if in_container_layer(mount):
+        return "in the container's own file system, not mounted"
+    return f"mounted at {mount[0]} ({mount[1]}, {'read-only' if mount[2] else 'read-write'})"
+
+
+def data_folder_problem(data_dir):
+    """A failing Check when `data_dir` is missing, not a folder or not readable; else None."""
+    mount_fix = f"mount your images: docker run -v /path/to/images:{data_dir}:ro ... (or pass --data)"
+    if not os.path.exists(data_dir):
+        return Check("data", FAIL, f"{data_dir}: no such folder", fix=mount_fix)
+    if not os.path.isdir(data_dir):
+        return Check("data", FAIL, f"{data_dir}: not a folder", fix=mount_fix)
+    if not os.access(data_dir, os.R_OK | os.X_OK):
+        return Check(
+            "data", FAIL, f"{data_dir}: not readable by UID {os.getuid()}",
+            fix=f"on the host: chmod -R a+rX on the folder mounted at {data_dir}",
+        )  # fmt: skip
+    return None
+
+
+def check_data(data_dir, batch_size, val_fraction, seed):
+    """The data train.py would read: its layout, classes and image counts, by train.py's own indexing."""
+    problem = data_folder_problem(data_dir)
+    if problem is not None:
+        return problem
+    has_val_folder = all(os.path.isdir(os.path.join(data_dir, split)) for split in ("train", "val"))
+    try:
+        class_names, train_index, val_index = data.load_splits(data_dir, val_fraction, seed)
+    except data.DataError as error:
+        return Check("data", FAIL, str(error), fix=f"arrange {data_dir} as train/CLASS/IMAGE and val/CLASS/IMAGE")
+    except OSError as error:
+        return Check("data", FAIL, f"cannot read {data_dir}: {error}", fix="on the host: chmod -R a+rX the folder")
+    mount = mount_of(data_dir)
+    layout = "train/ and val/" if has_val_folder else f"one folder of classes, {val_fraction:.0%} held out for val"
+    shown = ", ".join(class_names[:CLASS_NAMES_SHOWN]) + (", ..." if len(class_names) > CLASS_NAMES_SHOWN else "")
+    detail = (
+        f"{data_dir}, {describe_mount(mount)}: {layout}; {len(class_names)} classes ({shown}); "
+        f"{len(train_index)} training and {len(val_index)} validation images"
+    )
+    facts = {
+        "layout": "train_val" if has_val_folder else "single",
+        "mounted": mount is not None and not in_container_layer(mount),
+        "classes": class_names,
+        "train_images": len(train_index),
+        "val_images": len(val_index),
+    }
+    status, fix = OK, ""
+    if len(train_index) < batch_size:
+        status, fix = FAIL, f"add images, or lower --batch-size to {len(train_index)} or less"
+        detail += f": not one full batch of {batch_size}"
+    elif len(class_names) < 2:
+        status, fix = WARN, "a classifier needs at least two class folders"
+    elif len(val_index) == 0:
+        status, fix = WARN, "add a val/ folder, or raise train.py's --val-fraction"
+    return Check("data", status, detail, fix, facts)
+
+
+def shared_memory_bytes(path="/dev/shm"):
+    """(size, free) of /dev/shm in bytes, or None where there is none."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+
+
+def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, processes=1):
+    """Whether /dev/shm ((size, free) bytes, or None) holds the batches the loader workers keep in flight."""
+    batch_bytes = batch_size * image_size * image_size * IMAGE_CHANNELS
+    needed = processes * workers * prefetch_factor * batch_bytes
+    suggested_gib = max(SUGGESTED_SHM_GIB, math.ceil(SHM_HEADROOM * needed / GIB))
+    fix = (
+        f"start the container with --shm-size={suggested_gib}g (or --ipc=host), "
+        "or lower --workers, --prefetch-factor or --batch-size"
+    )
+    need_text = (
+        f"{workers} workers x {prefetch_factor} prefetched x {batch_size} images of {image_size}x{image_size}x3 "
+        f"uint8{f' x {processes} processes' if processes > 1 else ''} = {format_bytes(needed)} in flight"
+    )
+    if shm is None:
+        if needed == 0:
+            return Check("shared memory", OK, f"no /dev/shm; not needed with {workers} workers")
+        return Check("shared memory", FAIL, f"no /dev/shm; {need_text}", fix=fix)
+    size, free = shm
+    detail = f"/dev/shm {format_bytes(size)} ({format_bytes(free)} free); {need_text}"
+    facts = {"size": size, "free": free, "needed": needed, "workers": workers}
+    if free < needed:
+        return Check("shared memory", FAIL, detail + ": DataLoader workers would die of a bus error", fix, facts)
+    if free < SHM_HEADROOM * needed:
+        return Check("shared memory", WARN, detail + ": little room left", fix, facts)
+    return Check("shared memory", OK, detail, facts=facts)
+
+
+def check_cpus(workers, processes=1, cgroup_root=loader.CGROUP_ROOT):
+    """CPUs this container may use (affinity and cgroup quota) against the loader workers asked for."""
+    affinity = len(os.sched_getaffinity(0))
+    quota = loader.cgroup_cpu_limit(cgroup_root)
+    usable = loader.usable_cpu_count(cgroup_root)
+    quota_text = "no cgroup CPU quota" if quota is None else f"cgroup CPU quota {quota:g}"
+    detail = (
+        f"{usable} usable ({affinity} in the CPU affinity of {os.cpu_count()}, {quota_text}); "
+        f"{workers} loader workers{f' x {processes} processes' if processes > 1 else ''}"
+    )
+    facts = {"usable": usable, "affinity": affinity, "quota": quota, "workers": workers}
+    if workers * processes > usable:
+        fix = f"--workers {max(1, usable // processes)} (or auto), or give the container more CPUs (--cpus)"
+        return Check("cpus", WARN, detail + ": more workers than CPUs", fix=fix, facts=facts)
+    if usable < 2:
+        fix = "give the container more CPUs (docker run --cpus N): decoding images needs them"
+        return Check("cpus", WARN, detail, fix=fix, facts=facts)
+    return Check("cpus", OK, detail, facts=facts)
+
+
+def check_run_dir(run_dir, fail_below=RUN_DIR_FAIL_BYTES, warn_below=RUN_DIR_WARN_BYTES):
+    """Free disk where checkpoints go, whether they can be written there, and whether they outlive the container."""
+    path = os.path.abspath(run_dir)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    name = "run dir"
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        return Check(
+            name, FAIL, f"{path}: cannot be written ({existing} is not a writable folder for UID {os.getuid()})",
+            fix="pass a --run-dir under a writable folder, e.g. /workspace/runs/NAME",
+        )  # fmt: skip
+    free = shutil.disk_usage(existing).free
+    mount = mount_of(existing)
+    detail = f"{path}: {format_bytes(free)} free, {describe_mount(mount)}"
+    facts = {"path": path, "free": free, "persistent": not in_container_layer(mount)}
+    if free < fail_below:
+        fix = f"free disk space, or pass a --run-dir on a disk with more than {format_bytes(warn_below)} free"
+        return Check(name, FAIL, detail + ": too little for checkpoints", fix=fix, facts=facts)
+    if free < warn_below:
+        fix = "checkpoints take hundreds of MB each: free disk space or pass another --run-dir"
+        return Check(name, WARN, detail, fix=fix, facts=facts)
+    if in_container_layer(mount):
+        fix = "checkpoints are lost with the container: mount a host folder there, e.g. -v $PWD/runs:/workspace/runs"
+        return Check(name, WARN, detail, fix=fix, facts=facts)
+    return Check(name, OK, detail, facts=facts)
+
+
+# ---------------------------------------------------------------- all of it
+def train_default(flag):
+    """The default of one of train.py's flags, e.g. train_default("batch_size")."""
+    return cli.build_parser().get_default(flag)
+
+
+def resolve_workers(workers, processes=1):
+    """--workers as train.py reads it: "auto" is each process's share of the usable CPUs."""
+    return loader.auto_worker_count(processes) if workers == "auto" else workers
+
+
+def run_checks(
+    data_dir=None, workers=None, batch_size=None, prefetch_factor=None, image_size=None, run_dir=None, processes=1
+):
+    """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults."""
+    data_dir = data_dir or train_default("data")
+    workers = resolve_workers(train_default("workers") if workers is None else workers, processes)
+    batch_size = batch_size or train_default("batch_size")
+    prefetch_factor = prefetch_factor or train_default("prefetch_factor")
+    image_size = image_size or train_default("image_size")
+    run_dir = run_dir or train_default("run_dir")
+    report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
+    report.extend(check_gpus())
+    report.append(check_data(data_dir, batch_size, train_default("val_fraction"), train_default("seed")))
+    report.append(
+        check_shared_memory(shared_memory_bytes(), workers, prefetch_factor, batch_size, image_size, processes)
+    )
+    report.append(check_cpus(workers, processes))
+    report.append(check_run_dir(run_dir))
+    return report
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="doctor.py",
+        description="Check this container before a long training run: Python and torch (versions, CUDA and cuDNN "
+        "it was built with); each GPU (driver, memory, a small matmul); the data at --data (mounted? readable? "
+        "layout, classes, image counts); /dev/shm against the batches the loader workers keep in flight; the "
+        "usable CPUs (affinity and cgroup quota); free disk at --run-dir. Also installed as `torchlab doctor`. "
+        "The loader flags default to train.py's: pass the ones you will train with.",
+        epilog="Each line reads ok, warn or fail, and for warn and fail the fix. Exit status: 0 when nothing "
+        "fails (warnings included), 1 when a check fails, 2 for a bad flag. A missing GPU is a warning (train.py "
+        "runs on the CPU); a GPU that CUDA cannot use is a failure. Missing or unreadable data, a /dev/shm "
+        "smaller than the batches in flight (docker run --shm-size=8g), and a run dir that cannot be written "
+        "or has under 1 GiB free are failures.",
+    )
+    parser.add_argument("--data", default=train_default("data"), help="the data train.py reads (default: %(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=cli.worker_count,
+        default=train_default("workers"),
+        help="loader workers per process, as train.py's --workers (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size", type=cli.positive_int, default=train_default("batch_size"), help="(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--prefetch-factor",
+        type=cli.positive_int,
+        default=train_default("prefetch_factor"),
+        help="(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--image-size", type=cli.positive_int, default=train_default("image_size"), help="(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--processes",
+        type=cli.positive_int,
+        default=1,
+        help="training processes on this machine, as torchrun --nproc-per-node (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--run-dir", default=train_default("run_dir"), help="where checkpoints will go (default: %(default)s)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON, for tools")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    report = run_checks(
+        args.data, args.workers, args.batch_size, args.prefetch_factor, args.image_size, args.run_dir, args.processes
+    )
+    print(report.as_json() if args.json else report.as_text())
+    sys.exit(report.exit_code)
+
+
+if __name__ == "__main__":
+    main()
