@@ -88,6 +88,7 @@ COPY config/sshd_config /etc/ssh/sshd_config
 COPY config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
 COPY config/profile.sh /etc/profile.d/torchlab.sh
 COPY config/healthcheck.sh /usr/local/bin/torchlab-healthcheck
+COPY config/torchlab /usr/local/bin/torchlab
 COPY environment.yml config/envspec.py /opt/torchlab/
 
 # Code last: a code-only change rebuilds from here in seconds.

@@ -66,7 +66,7 @@ shell: ## a shell in a throwaway container, as the user
 
 lint: $(VENV)/.done ## hadolint, shellcheck, ruff
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck entrypoint.sh config/*.sh .ci/run
+	$(VENV)/bin/shellcheck entrypoint.sh config/*.sh config/torchlab .ci/run
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

@@ -10,7 +10,12 @@ set -euo pipefail
 
 # Messages go to stderr: stdout belongs to the command, when one is given.
 log() { printf 'torchlab: %s\n' "$*" >&2; }
-die() { printf 'torchlab: error: %s\n' "$*" >&2; exit 2; }
+# One line, whatever the bad value held: control characters are shown as '?'.
+die() {
+    local message="$*"
+    printf 'torchlab: error: %s\n' "${message//[[:cntrl:]]/?}" >&2
+    exit 2
+}
 
 # ---------------------------------------------------------------- 1. read and validate
 [ "$(id -u)" = 0 ] || die "the entrypoint must start as root (it drops to NB_USER itself); remove --user, use NB_UID/NB_GID instead"
@@ -43,10 +48,14 @@ SSH_PUBLIC_KEY=${SSH_PUBLIC_KEY:-}
 GRANT_SUDO=${GRANT_SUDO:-no}
 CHOWN_HOME=${CHOWN_HOME:-no}
 CHOWN_HOME_OPTS=${CHOWN_HOME_OPTS:-}
+DOCTOR_AT_START=${DOCTOR_AT_START:-yes}
 SHM_WARN_MB=1024
 
 [[ $NB_USER =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] ||
     die "NB_USER='$NB_USER': expected a Linux user name (lower-case letters, digits, _ or -, at most 32)"
+existing_uid=$(id -u "$NB_USER" 2>/dev/null || true)
+[ -z "$existing_uid" ] || ((existing_uid >= 1000)) ||
+    die "NB_USER='$NB_USER' is a system account of the image: expected another name, such as jovyan"
 for var in NB_UID NB_GID; do
     value=${!var:-}
     if [ -n "$value" ] && { ! [[ $value =~ ^[0-9]{1,10}$ ]] || ((10#$value > 4294967294)); }; then
@@ -64,7 +73,7 @@ done
 ((10#$SSH_PORT != 10#$JUPYTER_PORT)) ||
     die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
 SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
-for var in GRANT_SUDO CHOWN_HOME; do
+for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START; do
     case "${!var}" in
         yes | 1 | true) printf -v "$var" yes ;;
         no | 0 | false | "") printf -v "$var" no ;;
@@ -103,6 +112,11 @@ if [ -z "${NB_UID:-}" ] && [ -d /workspace ]; then
 fi
 NB_UID=${NB_UID:-1000}
 NB_GID=${NB_GID:-100}
+uid_owner=$(getent passwd "$NB_UID" | cut -d: -f1)
+case "$uid_owner" in
+    "" | jovyan | "$NB_USER") ;;
+    *) die "NB_UID=$NB_UID belongs to the image's account '$uid_owner': expected a UID of no other account, such as 1000" ;;
+esac
 
 run_hooks() {  # DIR: *.sh files are sourced, other executables run; in name order
     local f
@@ -142,9 +156,14 @@ if [ "$GRANT_SUDO" = yes ]; then
 else
     rm -f /etc/sudoers.d/torchlab
 fi
-# A /workspace that Docker made for a bind mount is root's and empty: give it to the user.
-if [ -d /workspace ] && [ "$(stat -c %u /workspace)" = 0 ] && [ -z "$(ls -A /workspace)" ]; then
-    chown "$NB_UID:$NB_GID" /workspace
+# A /workspace that Docker made for a bind mount is root's and empty; the image's own is
+# jovyan's (1000). Either way it becomes the user's; a mounted folder of someone else's is left.
+if [ -d /workspace ]; then
+    ws_uid=$(stat -c %u /workspace)
+    if { [ "$ws_uid" = 0 ] && [ -z "$(ls -A /workspace)" ]; } ||
+        { [ "$ws_uid" = 1000 ] && ! mountpoint -q /workspace; }; then
+        chown "$NB_UID:$NB_GID" /workspace
+    fi
 fi
 
 # Prefix that runs a command as NB_USER, keeping the container's environment.
@@ -219,6 +238,11 @@ touch /run/torchlab/services
 sshd_pid=$!
 "${as_user[@]}" jupyter notebook --ServerApp.port="$JUPYTER_PORT" &
 jupyter_pid=$!
+# The doctor's report in the start log; in the background, as importing torch and counting a
+# large /data take a while.
+if [ "$DOCTOR_AT_START" = yes ]; then
+    "${as_user[@]}" torchlab doctor --run-dir /workspace/runs 2>&1 | sed 's/^/torchlab: doctor: /' >&2 &
+fi
 log "SSH:     ssh -p $SSH_PORT $NB_USER@<host>"
 if [ "$token_generated" = yes ]; then
     log "Jupyter: http://127.0.0.1:$JUPYTER_PORT/tree?token=$JUPYTER_TOKEN"
@@ -239,5 +263,18 @@ if [ "$stopping" = no ]; then
 fi
 kill -TERM "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
 wait "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
-[ "$stopping" = yes ] && exit 0
-exit "$status"
+[ "$stopping" = yes ] || exit "$status"
+# docker stop: what the user started over SSH (a nohup'd train.py) is in other process groups,
+# out of tini's reach. Pass SIGTERM on so it can checkpoint, and wait for it; Docker's stop
+# timeout (`docker stop -t`) bounds the wait. Only the user's top-level processes get it (those
+# whose parent is not the user's): their children, such as DataLoader workers, are theirs to stop.
+top_level=$(ps -e -o pid=,ppid=,uid= | awk -v uid="$NB_UID" '
+    { owner[$1] = $3; parent[$1] = $2 }
+    END { for (pid in owner) if (owner[pid] == uid && owner[parent[pid]] != uid) print pid }')
+if [ -n "$top_level" ]; then
+    log "stopping: sent SIGTERM to $NB_USER's processes; waiting for them to exit"
+    # shellcheck disable=SC2086  # one PID per word
+    kill -TERM $top_level 2>/dev/null || true
+    while pgrep -U "$NB_UID" >/dev/null; do sleep 0.2; done
+fi
+exit 0

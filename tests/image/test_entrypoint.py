@@ -200,3 +200,11 @@ def test_train_py_runs_in_the_login_directory(services, ssh_key):
     out = ssh(services, ssh_key[0], "pwd && python train.py --help").stdout
     assert out.startswith("/home/jovyan\n")
     assert "--data" in out
+
+
+def test_start_log_carries_the_doctors_report(containers):
+    container = containers.run()
+    wait_for(lambda: "torchlab: doctor: " in container.logs() and "shm" in container.logs(), 120, "the doctor's report")
+    assert "--shm-size" not in container.logs()  # 1 GB of /dev/shm is plenty for the defaults here
+    quiet = containers.run(env={"DOCTOR_AT_START": "no"})
+    assert "torchlab: doctor: " not in quiet.logs()
