@@ -112,7 +112,7 @@ if [ -z "${NB_UID:-}" ] && [ -d /workspace ]; then
 fi
 NB_UID=${NB_UID:-1000}
 NB_GID=${NB_GID:-100}
-uid_owner=$(getent passwd "$NB_UID" | cut -d: -f1)
+uid_owner=$(getent passwd "$NB_UID" | cut -d: -f1 || true)
 case "$uid_owner" in
     "" | jovyan | "$NB_USER") ;;
     *) die "NB_UID=$NB_UID belongs to the image's account '$uid_owner': expected a UID of no other account, such as 1000" ;;
@@ -201,6 +201,22 @@ else
 fi
 unset SSH_PUBLIC_KEY SSH_PUBLIC_KEY_FILE
 
+# sshd gives sessions a fresh environment: hand them the container's own (Docker's ENV and -e),
+# to `ssh host CMD` through sshd's SetEnv and to login shells through /etc/profile.d.
+session_vars=(PATH LANG PYTHONUNBUFFERED PYTHONUSERBASE CONDA_ENVS_PATH JUPYTER_PATH TORCHLAB_ENV_SOURCE
+    NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES CUDA_VISIBLE_DEVICES)
+mkdir -p /run/torchlab/sshd_config.d
+setenv_line=SetEnv session_script=""
+for var in "${session_vars[@]}"; do
+    value=${!var:-}
+    # Left out: empty values, and what SetEnv cannot carry (double quotes, control characters).
+    if [ -z "$value" ] || [[ $value == *'"'* || $value =~ [[:cntrl:]] ]]; then continue; fi
+    setenv_line+=" \"$var=$value\""
+    session_script+="export $var=$(printf '%q' "$value")"$'\n'
+done
+printf '%s\n' "$setenv_line" >/run/torchlab/sshd_config.d/session-env.conf
+printf '%s' "$session_script" >/run/torchlab/session-env.sh
+
 # ---------------------------------------------------------------- 4. Jupyter auth
 token_generated=no
 if [ -n "$JUPYTER_PASSWORD" ]; then
@@ -241,7 +257,7 @@ jupyter_pid=$!
 # The doctor's report in the start log; in the background, as importing torch and counting a
 # large /data take a while.
 if [ "$DOCTOR_AT_START" = yes ]; then
-    "${as_user[@]}" torchlab doctor --run-dir /workspace/runs 2>&1 | sed 's/^/torchlab: doctor: /' >&2 &
+    "${as_user[@]}" sh -c "torchlab doctor --run-dir /workspace/runs 2>&1 | sed 's/^/torchlab: doctor: /'" >&2 &
 fi
 log "SSH:     ssh -p $SSH_PORT $NB_USER@<host>"
 if [ "$token_generated" = yes ]; then
