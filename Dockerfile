@@ -60,7 +60,13 @@ FROM env-${ENV_SOURCE} AS runtime
 ARG ENV_SOURCE
 # NB_UID and NB_GID are left unset: the entrypoint tells "not given" (adopt /workspace's
 # owner) from a value, and defaults them to 1000 and 100.
-ENV PATH=/opt/env/bin:$PATH \
+# What users install themselves lands on the /workspace volume and outlives the container:
+# `pip install --user` (PYTHONUSERBASE), conda envs (CONDA_ENVS_PATH), Jupyter kernels
+# installed with `--prefix /workspace/.local` (JUPYTER_PATH).
+ENV PATH=/opt/env/bin:/workspace/.local/bin:$PATH \
+    PYTHONUSERBASE=/workspace/.local \
+    CONDA_ENVS_PATH=/workspace/.conda/envs \
+    JUPYTER_PATH=/workspace/.local/share/jupyter \
     TORCHLAB_ENV_SOURCE=${ENV_SOURCE} \
     NB_USER=jovyan \
     LANG=C.UTF-8 \
@@ -100,6 +106,17 @@ EXPOSE 8888 2222
 WORKDIR /workspace
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/usr/local/bin/torchlab-healthcheck"]
+# OCI metadata; the Makefile passes the version and revision from git.
+ARG VERSION=dev
+ARG REVISION=unknown
+ARG SOURCE=unknown
+LABEL org.opencontainers.image.title="torchlab" \
+      org.opencontainers.image.description="PyTorch workstation: Jupyter Notebook on 8888 and OpenSSH on 2222, as a non-root user" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="BSD-3-Clause AND LicenseRef-NVIDIA-CUDA-EULA" \
+      io.torchlab.env-source="${ENV_SOURCE}"
 # The entrypoint starts as root to set up the user, keys and sshd, then drops to NB_USER
 # for Jupyter and for any command given; only sshd's listener keeps root (privilege separated).
 ENTRYPOINT ["tini", "-g", "--", "/usr/local/bin/entrypoint.sh"]

@@ -1,7 +1,5 @@
 # shellcheck shell=sh
-# torchlab: Debian's /etc/profile resets PATH for login shells; put the env back in front.
-case ":$PATH:" in
-    *:/opt/env/bin:*) ;;
-    *) PATH="/opt/env/bin:$PATH" ;;
-esac
-export PATH
+# torchlab: Debian's /etc/profile resets PATH for login shells; restore the container's
+# environment (the env first on PATH, ...), as the entrypoint wrote it at start.
+# shellcheck disable=SC1091
+[ -r /run/torchlab/session-env.sh ] && . /run/torchlab/session-env.sh
