@@ -6,19 +6,25 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cu118## pip index for torch 
 CA_BUNDLE ?=## CA bundle for builds behind a TLS-intercepting proxy (a BuildKit secret, never in a layer)
 DATA ?=## host folder mounted at /data by `make run` (default: generated sample data)
 DOCKER ?= docker## docker CLI (needs BuildKit)
+COMPOSE ?= docker-compose## compose CLI (docker-compose, or "docker compose")
 SHM_SIZE ?= 8g## /dev/shm of `make run`
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
+
+VERSION ?= $(or $(shell git describe --tags --always --dirty 2>/dev/null),dev)## version in labels and tags (default: git describe)
+REGISTRY ?=## registry prefix for `make push`, e.g. ghcr.io/you
 
 SHELL := /bin/bash
 , := ,
 VENV := .venv
 SAMPLE_DATA := .cache/sample-data
 BUILD_ARGS := --build-arg ENV_SOURCE=$(ENV_SOURCE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
-	--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE))
+	--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) \
+	--build-arg VERSION=$(VERSION) --build-arg REVISION=$(shell git rev-parse HEAD 2>/dev/null || echo unknown) \
+	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null || echo unknown)
 
 .DEFAULT_GOAL := help
-.PHONY: help build base-debian run shell test test-static test-unit test-image lint export-env clean
+.PHONY: help build base-debian run compose-up compose-down tag push shell test test-static test-unit test-image lint export-env clean
 
 help: ## show this help
 	@echo "Targets:"
@@ -60,6 +66,29 @@ run: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## start the container: ports on 127.0.
 	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tree?token=$$token"; \
 	echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"; \
 	echo "Stop:    $(DOCKER) rm -f $$name"
+
+compose-up: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: volumes, secrets, restart policy, GPUs if present
+	@mkdir -p .cache && [ -s .cache/jupyter_token ] || \
+		(umask 077 && python3 -c 'import secrets; print(secrets.token_hex(24))' > .cache/jupyter_token)
+	DATA=$(abspath $(or $(DATA),$(SAMPLE_DATA))) $(COMPOSE) -f docker-compose.yml \
+		$$(command -v nvidia-smi >/dev/null && echo -f docker-compose.gpu.yml) up -d
+	@echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tree?token=$$(cat .cache/jupyter_token)"
+	@echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"
+
+compose-down: ## stop the compose service (volumes kept)
+	$(COMPOSE) -f docker-compose.yml down
+
+tag: ## tag the built image with what is inside, e.g. torchlab:py310-cu118-<version>
+	@tag=$$($(DOCKER) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \
+		print("py%d%d-cu%s" % (*sys.version_info[:2], (torch.version.cuda or "cpu").replace(".", "")))')-$(VERSION); \
+	$(DOCKER) tag $(IMAGE) $(IMAGE):$$tag && echo "$(IMAGE):$$tag"
+
+push: ## push the image as REGISTRY/IMAGE:<what is inside>-<version> and :latest
+	@[ -n "$(REGISTRY)" ] || { echo "make push: set REGISTRY, e.g. make push REGISTRY=ghcr.io/you" >&2; exit 2; }
+	@tag=$$($(MAKE) -s tag | cut -d: -f2); \
+	for t in $$tag latest; do \
+		$(DOCKER) tag $(IMAGE) $(REGISTRY)/$(IMAGE):$$t && $(DOCKER) push $(REGISTRY)/$(IMAGE):$$t || exit 1; \
+	done
 
 shell: ## a shell in a throwaway container, as the user
 	$(DOCKER) run --rm -it $(IMAGE) bash -l
