@@ -1,0 +1,40 @@
+"""Dependency audit of the image's Python env with pip-audit: every known vulnerability must be
+one that README.md lists, with the reason its pin stays."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import IMAGE, docker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_env_has_no_vulnerability_that_the_readme_does_not_list(tmp_path):
+    freeze = docker("run", "--rm", "--entrypoint", "pip", IMAGE, "freeze", "--all").stdout
+    # Local version labels (+cu124) are not on PyPI's vulnerability records; the release is.
+    (tmp_path / "requirements.txt").write_text(re.sub(r"\+\S+$", "", freeze, flags=re.M))
+    report = tmp_path / "audit.json"
+    subprocess.run(
+        [sys.executable, "-m", "pip_audit", "--no-deps", "--disable-pip", "--progress-spinner", "off",
+         "-r", str(tmp_path / "requirements.txt"), "-f", "json", "-o", str(report)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    dependencies = json.loads(report.read_text())["dependencies"]
+    audited = [d for d in dependencies if "skip_reason" not in d]
+    if not audited:
+        pytest.skip(f"no vulnerability database answered from here: {dependencies[0]['skip_reason']}")
+    known = ROOT.joinpath("README.md").read_text()
+    unlisted = [
+        f"{d['name']} {d['version']}: {v['id']}"
+        for d in audited
+        for v in d["vulns"]
+        if not any(alias in known for alias in [v["id"], *v.get("aliases", [])])
+    ]
+    found = sum(len(d["vulns"]) for d in audited)
+    print(f"\npip-audit: {len(audited)} packages audited, {found} known vulnerabilities")
+    assert not unlisted, "vulnerable pins missing from README.md's list: " + "; ".join(unlisted)
