@@ -35,13 +35,15 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # PyTorch's CUDA 11.8 wheel index; empty means PyPI's default builds.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118
 COPY environment.yml config/envspec.py /tmp/torchlab/
+# The venv sees site-packages outside it, as a conda env does: that is what lets
+# `pip install --user` (into /workspace/.local) work at all.
 # hadolint ignore=DL3008
 RUN if ! command -v python3 >/dev/null; then \
         apt-get update \
      && apt-get install -y --no-install-recommends python3 python3-venv \
      && rm -rf /var/lib/apt/lists/*; \
     fi \
- && python3 -m venv /opt/env
+ && python3 -m venv --system-site-packages /opt/env
 RUN --mount=type=secret,id=ca_bundle \
     --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -f /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
