@@ -10,6 +10,7 @@ COMPOSE ?= docker-compose## compose CLI (docker-compose, or "docker compose")
 SHM_SIZE ?= 8g## /dev/shm of `make run`
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
+TRAIN_ARGS ?=## train.py flags of `make multinode`, e.g. "--arch resnet18 --epochs 1"
 
 VERSION ?= $(or $(shell git describe --tags --always --dirty 2>/dev/null),dev)## version in labels and tags (default: git describe)
 REGISTRY ?=## registry prefix for `make push`, e.g. ghcr.io/you
@@ -24,7 +25,7 @@ BUILD_ARGS := --build-arg ENV_SOURCE=$(ENV_SOURCE) --build-arg BASE_IMAGE=$(BASE
 	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null || echo unknown)
 
 .DEFAULT_GOAL := help
-.PHONY: help build base-debian run compose-up compose-down tag push shell test test-static test-unit test-image lint export-env clean
+.PHONY: help build base-debian run compose-up compose-down multinode tag push shell test test-static test-unit test-image lint export-env clean
 
 help: ## show this help
 	@echo "Targets:"
@@ -74,6 +75,11 @@ compose-up: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: volumes, 
 		$$(command -v nvidia-smi >/dev/null && echo -f docker-compose.gpu.yml) up -d
 	@echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tree?token=$$(cat .cache/jupyter_token)"
 	@echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"
+
+multinode: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## one torchrun job over two containers (docker-compose.multinode.yml)
+	DATA=$(abspath $(or $(DATA),$(SAMPLE_DATA))) TORCHLAB_IMAGE=$(IMAGE) TRAIN_ARGS="$(TRAIN_ARGS)" \
+		$(COMPOSE) -f docker-compose.multinode.yml up
+	$(COMPOSE) -f docker-compose.multinode.yml ps
 
 compose-down: ## stop the compose service (volumes kept)
 	$(COMPOSE) -f docker-compose.yml down

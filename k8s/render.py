@@ -1,0 +1,261 @@
+"""Render torchlab's Kubernetes manifests from values.json: `python k8s/render.py` (stdlib only).
+
+k8s/dev/, the workstation as docker-compose.yml runs it: one pod (a Deployment of one replica) with Jupyter and
+sshd, a ClusterIP Service for both ports, and claims for /workspace and the SSH host keys; the Jupyter token and
+the SSH public key are files of a Secret. k8s/train/, one torchrun job over several pods as
+docker-compose.multinode.yml runs it over two containers: an Indexed Job (pod i is torchrun's node i), the
+headless Service that gives its pods DNS names (the store on pod 0), and a ReadWriteMany claim for the shared
+run directory. Both read /data from an existing claim (values' data_claim), read-only, give /dev/shm an
+in-memory emptyDir, and keep only the capabilities README.md lists.
+
+Each object is one JSON file (JSON is YAML; kubectl takes it), and the same values always give the same bytes:
+edit values.json and rerun this, never the rendered files (tests/static/test_k8s.py compares them).
+"""
+
+import json
+from pathlib import Path
+
+K8S_DIR = Path(__file__).resolve().parent
+VALUES_FILE = K8S_DIR / "values.json"
+OUTPUT_DIRS = ("dev", "train")
+
+
+def load_values(path=VALUES_FILE):
+    return json.loads(Path(path).read_text())
+
+
+def runs_path(values):
+    """Where the shared run directories are mounted, as in docker-compose.multinode.yml."""
+    return f"{values['mount_paths']['workspace']}/runs"
+
+
+def object_metadata(values, name, component):
+    return {"name": name, "labels": component_labels(values, component)}
+
+
+def component_labels(values, component):
+    return {"app.kubernetes.io/name": values["name"], "app.kubernetes.io/component": component}
+
+
+def claim(values, name, component, access_mode, storage):
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": object_metadata(values, name, component),
+        "spec": {"accessModes": [access_mode], "resources": {"requests": {"storage": storage}}},
+    }
+
+
+def claim_volume(name, claim_name, read_only=False):
+    return {"name": name, "persistentVolumeClaim": {"claimName": claim_name, "readOnly": read_only}}
+
+
+def shared_volumes(values):
+    """/data (read-only) and /dev/shm, the same in every pod."""
+    shm = {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": values["shm_size"]}}
+    return [claim_volume("data", values["data_claim"], read_only=True), shm]
+
+
+def shared_mounts(values):
+    return [
+        {"name": "data", "mountPath": values["mount_paths"]["data"], "readOnly": True},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+
+
+def security_context(capabilities):
+    return {"capabilities": {"drop": ["ALL"], "add": capabilities}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def owner_init_container(values, volume_name, mount_path):
+    """Hands a new volume (root's) to the image's user before the entrypoint runs, as runs-owner does in compose."""
+    user = values["user"]
+    return {
+        "name": f"{volume_name}-owner",
+        "image": values["image"],
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["chown", f"{user['uid']}:{user['gid']}", mount_path],
+        "securityContext": security_context(["CHOWN"]),
+        "volumeMounts": [{"name": volume_name, "mountPath": mount_path}],
+    }
+
+
+def gpu_limits(count):
+    return {"limits": {"nvidia.com/gpu": count}} if count else {}
+
+
+def torchlab_container(values, name, volume_mounts, **fields):
+    """The image under its own entrypoint (tini, user set-up), as root with the README's capabilities."""
+    return {
+        "name": name,
+        "image": values["image"],
+        "imagePullPolicy": "IfNotPresent",
+        **fields,
+        "securityContext": security_context(values["capabilities"]),
+        "volumeMounts": [*volume_mounts, *shared_mounts(values)],
+    }
+
+
+def dev_manifests(values):
+    name, mounts, secret, dev = values["name"], values["mount_paths"], values["secret"], values["dev"]
+    workspace_claim, host_keys_claim = f"{name}-workspace", f"{name}-ssh-host-keys"
+    ports = [{"name": port, "containerPort": values["ports"][port]} for port in ("jupyter", "ssh")]
+    secret_files = [{"key": key, "path": key} for key in secret["keys"]]
+    container = torchlab_container(
+        values,
+        name,
+        [
+            {"name": "workspace", "mountPath": mounts["workspace"]},
+            {"name": "ssh-host-keys", "mountPath": mounts["ssh_host_keys"]},
+            {"name": "secrets", "mountPath": secret["mount_path"], "readOnly": True},
+        ],
+        ports=ports,
+        env=[{"name": var, "value": f"{secret['mount_path']}/{key}"} for key, var in secret["keys"].items()],
+        resources=gpu_limits(dev["gpus"]),
+        readinessProbe={"httpGet": {"path": "/api", "port": "jupyter"}, "periodSeconds": 10},
+        # The image's HEALTHCHECK: both services answer (start period 60 s, every 15 s, 3 tries).
+        livenessProbe={
+            "exec": {"command": [values["healthcheck"]]},
+            "initialDelaySeconds": 60,
+            "periodSeconds": 15,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+    )
+    pod_spec = {
+        "initContainers": [owner_init_container(values, "workspace", mounts["workspace"])],
+        "containers": [container],
+        # Time for a train.py started over SSH to checkpoint (README: `docker stop -t 60`).
+        "terminationGracePeriodSeconds": values["stop_grace_period_s"],
+        "volumes": [
+            claim_volume("workspace", workspace_claim),
+            claim_volume("ssh-host-keys", host_keys_claim),
+            {"name": "secrets", "secret": {"secretName": secret["name"], "items": secret_files, "defaultMode": 0o400}},
+            *shared_volumes(values),
+        ],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_metadata(values, name, "dev"),
+        "spec": {
+            "replicas": 1,
+            # The claims are ReadWriteOnce: the old pod goes before the new one comes.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": component_labels(values, "dev")},
+            "template": {"metadata": {"labels": component_labels(values, "dev")}, "spec": pod_spec},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_metadata(values, name, "dev"),
+        "spec": {
+            "selector": component_labels(values, "dev"),
+            "ports": [
+                {"name": port["name"], "port": port["containerPort"], "targetPort": port["name"]} for port in ports
+            ],
+        },
+    }
+    return {
+        "dev/workspace-claim.json": claim(values, workspace_claim, "dev", "ReadWriteOnce", dev["workspace_storage"]),
+        "dev/ssh-host-keys-claim.json": claim(
+            values, host_keys_claim, "dev", "ReadWriteOnce", dev["ssh_host_keys_storage"]
+        ),
+        "dev/deployment.json": deployment,
+        "dev/service.json": service,
+    }
+
+
+def torchrun_args(values):
+    """The container's command, run by the entrypoint as the user. Static rendezvous: pod i is node i, and pod 0
+    hosts the store whether or not its DNS name resolves yet (c10d would need it to, to know it is the host)."""
+    train = values["train"]
+    return [
+        "torchrun",
+        f"--nnodes={train['nodes']}",
+        f"--nproc-per-node={train['processes_per_node']}",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        f"--master-addr={train['job']}-0.{train['job']}",
+        f"--master-port={values['ports']['rendezvous']}",
+        "/opt/torchlab/train/train.py",
+        "--data",
+        values["mount_paths"]["data"],
+        "--run-dir",
+        f"{runs_path(values)}/{train['run_name']}",
+        *train["train_args"],
+    ]
+
+
+def train_manifests(values):
+    train = values["train"]
+    job_name, runs_claim = train["job"], f"{values['name']}-runs"
+    container = torchlab_container(
+        values,
+        "train",
+        [{"name": "runs", "mountPath": runs_path(values)}],
+        args=torchrun_args(values),
+        ports=[{"name": "rendezvous", "containerPort": values["ports"]["rendezvous"]}],
+        resources=gpu_limits(train["gpus_per_node"]),
+    )
+    pod_spec = {
+        # Pod i is <job>-i.<job>: the headless Service of the same name gives it that DNS name.
+        "subdomain": job_name,
+        "restartPolicy": "Never",
+        "initContainers": [owner_init_container(values, "runs", runs_path(values))],
+        "containers": [container],
+        "terminationGracePeriodSeconds": values["stop_grace_period_s"],
+        "volumes": [claim_volume("runs", runs_claim), *shared_volumes(values)],
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": object_metadata(values, job_name, "train"),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": train["nodes"],
+            "parallelism": train["nodes"],
+            # A failed pod fails the job: torchrun has no spare nodes to continue with.
+            "backoffLimit": 0,
+            "template": {"metadata": {"labels": component_labels(values, "train")}, "spec": pod_spec},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_metadata(values, job_name, "train"),
+        "spec": {
+            "clusterIP": "None",
+            # Pod 0's name resolves as soon as it runs, before any readiness.
+            "publishNotReadyAddresses": True,
+            "selector": component_labels(values, "train"),
+            "ports": [{"name": "rendezvous", "port": values["ports"]["rendezvous"], "targetPort": "rendezvous"}],
+        },
+    }
+    return {
+        "train/runs-claim.json": claim(values, runs_claim, "train", "ReadWriteMany", train["runs_storage"]),
+        "train/service.json": service,
+        "train/job.json": job,
+    }
+
+
+def render(values):
+    """{path relative to k8s/: manifest text}."""
+    manifests = {**dev_manifests(values), **train_manifests(values)}
+    return {path: json.dumps(manifest, indent=2) + "\n" for path, manifest in manifests.items()}
+
+
+def main():
+    rendered = render(load_values())
+    for directory in OUTPUT_DIRS:
+        for stale in (K8S_DIR / directory).glob("*.json"):
+            if f"{directory}/{stale.name}" not in rendered:
+                stale.unlink()
+    for path, text in rendered.items():
+        (K8S_DIR / path).parent.mkdir(exist_ok=True)
+        (K8S_DIR / path).write_text(text)
+        print(f"wrote k8s/{path}")
+
+
+if __name__ == "__main__":
+    main()
