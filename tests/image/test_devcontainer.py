@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DOCKER, docker, wait_for
+from conftest import DOCKER, IMAGE, docker, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = os.environ.get("DEVCONTAINER_CLI", str(ROOT / ".cache/devcontainer-cli/node_modules/.bin/devcontainer"))
 
 
-def devcontainer(*args, folder):
+def devcontainer(subcommand, *args, folder):
     result = subprocess.run(
-        [CLI, *args, "--workspace-folder", str(folder), "--docker-path", DOCKER],
+        [CLI, subcommand, "--workspace-folder", str(folder), "--docker-path", DOCKER, *args],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -28,6 +28,8 @@ def test_devcontainer_opens_the_project_in_the_image(tmp_path):
         pytest.skip(f"the devcontainer CLI is not installed at {CLI} (npm install @devcontainers/cli)")
     project = tmp_path / "project"
     shutil.copytree(ROOT / ".devcontainer", project / ".devcontainer")
+    config = project / ".devcontainer/devcontainer.json"
+    config.write_text(config.read_text().replace('"image": "torchlab"', f'"image": "{IMAGE}"'))
     (project / "notes.txt").write_text("mine\n")
     subprocess.run(["chown", "-R", "1000:100", str(project)], check=True)
     try:
