@@ -1,9 +1,16 @@
 """testinfra checks inside a running container: packages, user, files, processes, sockets."""
 
+import json
+import re
+import subprocess
+from pathlib import Path
+
 import pytest
 import testinfra
 
-from conftest import IMAGE, docker, image_env
+from conftest import DOCKER, IMAGE, docker, image_env
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +86,26 @@ def test_production_python_is_3_10(host, production_image):
 
 def test_production_torch_is_the_cuda_11_8_build(host, production_image):
     assert host.check_output("python -c 'import torch; print(torch.version.cuda)'") == "11.8"
+
+
+def test_oci_labels_say_what_and_which_revision():
+    labels = json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}", IMAGE).stdout)
+    assert labels["org.opencontainers.image.title"] == "torchlab"
+    for key in ["version", "revision", "source", "licenses"]:
+        assert labels[f"org.opencontainers.image.{key}"], key
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", labels["org.opencontainers.image.revision"])
+    assert labels["io.torchlab.env-source"] == image_env()["TORCHLAB_ENV_SOURCE"]
+
+
+def test_make_tag_names_what_is_inside():
+    result = subprocess.run(
+        ["make", "-s", "tag", f"IMAGE={IMAGE}", f"DOCKER={DOCKER}", "VERSION=test"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    tag = result.stdout.strip().splitlines()[-1]
+    try:
+        assert re.fullmatch(rf"{re.escape(IMAGE)}:py3\d+-cu(\d+|cpu)-test", tag), tag
+        python = docker("run", "--rm", "--entrypoint", "python", tag, "-c", "import sys; print(*sys.version_info[:2])")
+        assert tag.split(":")[1].startswith("py" + "".join(python.stdout.split()))
+    finally:
+        docker("image", "rm", tag, check=False)
