@@ -10,6 +10,7 @@ COMPOSE ?= docker-compose## compose CLI (docker-compose, or "docker compose")
 SHM_SIZE ?= 8g## /dev/shm of `make run`
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
+BENCH_IMAGES ?= 2000## images generated (once, into .cache/bench) for `make bench`
 TRAIN_ARGS ?=## train.py flags of `make multinode`, e.g. "--arch resnet18 --epochs 1"
 
 VERSION ?= $(or $(shell git describe --tags --always --dirty 2>/dev/null),dev)## version in labels and tags (default: git describe)
@@ -25,7 +26,7 @@ BUILD_ARGS := --build-arg ENV_SOURCE=$(ENV_SOURCE) --build-arg BASE_IMAGE=$(BASE
 	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null || echo unknown)
 
 .DEFAULT_GOAL := help
-.PHONY: help build base-debian run compose-up compose-down multinode tag push shell test test-static test-unit test-image lint export-env clean
+.PHONY: help build base-debian run compose-up compose-down multinode bench tag push shell test test-static test-unit test-image lint export-env clean
 
 help: ## show this help
 	@echo "Targets:"
@@ -83,6 +84,12 @@ multinode: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## one torchrun job over two cont
 
 compose-down: ## stop the compose service (volumes kept)
 	$(COMPOSE) -f docker-compose.yml down
+
+bench: ## compare input pipelines (naive, classic, torchlab, prepared) with ceilings; .cache/bench/results/bench.{json,png}
+	mkdir -p .cache/bench
+	$(DOCKER) run --rm --user $$(id -u):$$(id -g) --shm-size=2g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
+		-v $(CURDIR)/.cache/bench:/cache --entrypoint python $(IMAGE) \
+		/opt/torchlab/train/bench.py --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
 
 tag: ## tag the built image with what is inside, e.g. torchlab:py310-cu118-<version>
 	@tag=$$($(DOCKER) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \

@@ -6,6 +6,7 @@ power cut. A crash leaves at most a stale .checkpoint-*.tmp file, which no name 
 resume never loads half a file. The next run removes such leftovers.
 """
 
+import contextlib
 import os
 import re
 
@@ -51,7 +52,8 @@ def save_atomically(state, path):
             os.fsync(temp_file.fileno())
         os.replace(temp_path, path)
     except BaseException:
-        os.unlink(temp_path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_path)
         raise
     fsync_directory(directory)
 

@@ -10,12 +10,14 @@ import sys
 
 import torch
 
+import autotune
 import checkpoint
 import distributed
 import loader
 import model
 
 PROG = "train.py"
+DEFAULT_PREFETCH_FACTOR = 4
 
 
 def exit_with_usage_error(message):
@@ -99,11 +101,23 @@ def build_parser():
         "--workers",
         type=worker_count,
         default="auto",
-        help="loader processes per training process; auto: min(8, usable CPUs / processes on this machine), "
-        "counting CPU affinity and the cgroup CPU quota (default: auto)",
+        help="loader processes per training process; auto: what --autotune saved for this --data, --image-size, "
+        "--batch-size and device, else min(8, usable CPUs / processes on this machine), counting CPU affinity "
+        "and the cgroup CPU quota (default: auto)",
     )
     loading.add_argument(
-        "--prefetch-factor", type=positive_int, default=4, help="batches each worker loads ahead (default: 4)"
+        "--prefetch-factor",
+        type=positive_int,
+        default=None,
+        help=f"batches each worker loads ahead (default: {DEFAULT_PREFETCH_FACTOR}, or what --autotune saved, "
+        "with --workers auto)",
+    )
+    loading.add_argument(
+        "--jpeg-draft",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode JPEGs at 1/2, 1/4 or 1/8 scale when the crop allows (default: on, or what --autotune saved, "
+        "with --workers auto)",
     )
     loading.add_argument(
         "--persistent-workers",
@@ -116,6 +130,24 @@ def build_parser():
         action=argparse.BooleanOptionalAction,
         default=None,
         help="page-locked batches for asynchronous copies to the GPU (default: on with CUDA)",
+    )
+    loading.add_argument(
+        "--autotune",
+        action="store_true",
+        help="time workers x prefetch factor x JPEG draft on this --data and device for --autotune-seconds, "
+        "print the table, save the fastest to --autotune-file for later runs with --workers auto, and exit "
+        "(default: off)",
+    )
+    loading.add_argument(
+        "--autotune-seconds",
+        type=positive_float,
+        default=60.0,
+        help="time --autotune spends measuring, in all (default: 60)",
+    )
+    loading.add_argument(
+        "--autotune-file",
+        default=autotune.DEFAULT_FILE,
+        help=f"where --autotune saves, and --workers auto reads, the tuned settings (default: {autotune.DEFAULT_FILE})",
     )
     loading.add_argument(
         "--loader-only",
@@ -251,8 +283,16 @@ def parse_args(argv=None, processes=None):
     args.device = resolve_device(args.device, processes)
     on_cuda = args.device.startswith("cuda")
     args.resume_path = resolve_resume(args.resume, args.run_dir)
+    tuned = None
+    if args.workers == "auto" and not args.autotune:
+        tuned = autotune.saved_setting(args.autotune_file, autotune.setting_key(args, processes))
     if args.workers == "auto":
-        args.workers = loader.auto_worker_count(processes.local_world_size)
+        args.workers = tuned["workers"] if tuned else loader.auto_worker_count(processes.local_world_size)
+    if args.prefetch_factor is None:
+        args.prefetch_factor = tuned["prefetch_factor"] if tuned else DEFAULT_PREFETCH_FACTOR
+    if args.jpeg_draft is None:
+        args.jpeg_draft = tuned["jpeg_draft"] if tuned else True
+    args.autotuned = tuned is not None
     if args.pin_memory is None:
         args.pin_memory = on_cuda
     if args.lr is None:

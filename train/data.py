@@ -53,11 +53,22 @@ class SampleIndex:
         np.cumsum([len(path) for path in encoded], out=self.offsets[1:])
         self.labels = np.asarray(labels, dtype=np.int64)
 
+    @classmethod
+    def from_arrays(cls, path_bytes, offsets, labels):
+        """The index whose path_bytes, offsets and labels arrays these are (e.g. as saved by numpy)."""
+        index = cls([], [])
+        index.path_bytes, index.offsets, index.labels = path_bytes, offsets, labels
+        return index
+
     def __len__(self):
         return len(self.labels)
 
     def path(self, position):
         return os.fsdecode(self.path_bytes[self.offsets[position] : self.offsets[position + 1]].tobytes())
+
+    def source(self, position):
+        """What ImageDataset decodes: the file's path (a prepared.PreparedIndex gives its bytes)."""
+        return self.path(position)
 
     def subset(self, positions):
         return SampleIndex([self.path(position) for position in positions], self.labels[positions])
@@ -107,7 +118,14 @@ def hold_out(index, fraction, seed):
 
 
 def load_splits(root, val_fraction, seed):
-    """Index the data at `root`: (class_names, train SampleIndex, val SampleIndex). Raises DataError."""
+    """Index the data at `root`: (class_names, train SampleIndex, val SampleIndex). Raises DataError.
+
+    A prepared copy (prepared.py) gives its own splits, as PreparedIndex objects.
+    """
+    import prepared  # it builds on this module
+
+    if prepared.is_prepared(root):
+        return prepared.open_prepared(root)
     if not os.path.isdir(root):
         raise DataError(
             f"--data {root}: no such folder; mount your images there, e.g. docker run -v /path/to/images:{root} ..."
@@ -150,16 +168,19 @@ def center_crop_box(width, height):
     return left, top, left + side, top + side
 
 
-def load_crop(path, choose_box, size, flip=False):
-    """Decode `path` and return the box choose_box(width, height) resized to size x size: HWC uint8 RGB."""
-    with Image.open(path) as image:
+def load_crop(source, choose_box, size, flip=False, draft=True):
+    """Decode `source` (a path or a file object) and return the box choose_box(width, height) resized to
+    size x size: HWC uint8 RGB. draft=False decodes a JPEG at full size (for comparison)."""
+    with Image.open(source) as image:
         width, height = image.size
         box = choose_box(width, height)
         # Ask for the smallest decode in which the box still spans `size` pixels each way. PIL rounds the
         # scale down to 1/2, 1/4 or 1/8 and tells how the full-size coordinates map; other formats: None.
-        drafted = image.draft(
-            "RGB", (math.ceil(width * size / (box[2] - box[0])), math.ceil(height * size / (box[3] - box[1])))
-        )
+        drafted = None
+        if draft:
+            drafted = image.draft(
+                "RGB", (math.ceil(width * size / (box[2] - box[0])), math.ceil(height * size / (box[3] - box[1])))
+            )
         if drafted is not None:
             scale = width / drafted[1][2]
             box = tuple(coordinate / scale for coordinate in box)
@@ -180,11 +201,12 @@ class ImageDataset(torch.utils.data.Dataset):
     An unreadable image gives (None, label, position); the collate function drops it and counts it.
     """
 
-    def __init__(self, index, image_size, train, seed):
+    def __init__(self, index, image_size, train, seed, draft=True):
         self.index = index
         self.image_size = image_size
         self.train = train
         self.seed = seed
+        self.draft = draft  # JPEG DCT-domain downscaling (load_crop)
 
     def __len__(self):
         return len(self.index)
@@ -199,7 +221,7 @@ class ImageDataset(torch.utils.data.Dataset):
         else:
             flip, choose_box = False, center_crop_box
         try:
-            pixels = load_crop(self.index.path(position), choose_box, self.image_size, flip)
+            pixels = load_crop(self.index.source(position), choose_box, self.image_size, flip, self.draft)
         except UNREADABLE_IMAGE_ERRORS:
             return None, label, position
         return pixels, label, position

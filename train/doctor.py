@@ -320,13 +320,7 @@ def check_data(data_dir, batch_size, val_fraction, seed):
     return Check("data", status, detail, fix, facts)
 
 
-def shared_memory_bytes(path="/dev/shm"):
-    """(size, free) of /dev/shm in bytes, or None where there is none."""
-    try:
-        stats = os.statvfs(path)
-    except OSError:
-        return None
-    return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+shared_memory_bytes = loader.shared_memory_bytes
 
 
 def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, processes=1):
@@ -422,7 +416,7 @@ def run_checks(
     data_dir = data_dir or train_default("data")
     workers = resolve_workers(train_default("workers") if workers is None else workers, processes)
     batch_size = batch_size or train_default("batch_size")
-    prefetch_factor = prefetch_factor or train_default("prefetch_factor")
+    prefetch_factor = prefetch_factor or cli.DEFAULT_PREFETCH_FACTOR
     image_size = image_size or train_default("image_size")
     run_dir = run_dir or train_default("run_dir")
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
@@ -463,7 +457,7 @@ def build_parser():
     parser.add_argument(
         "--prefetch-factor",
         type=cli.positive_int,
-        default=train_default("prefetch_factor"),
+        default=cli.DEFAULT_PREFETCH_FACTOR,
         help="(default: %(default)s)",
     )
     parser.add_argument(

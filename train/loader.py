@@ -10,6 +10,7 @@ channels_last memory (the same bytes, seen through permuted strides) on the devi
 
 import math
 import os
+import sys
 
 import numpy as np
 import torch
@@ -18,6 +19,16 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 MAX_AUTO_WORKERS = 8
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+SHM_PATH = "/dev/shm"
+IMAGE_CHANNELS = 3
+# Besides the workers x prefetch_factor batches in flight, the main process holds the batch it is using and
+# the one it has just received, both still in /dev/shm.
+BATCHES_HELD_BY_MAIN = 2
+MB = 1e6
+
+
+class SharedMemoryError(RuntimeError):
+    """/dev/shm cannot hold even one worker's batch: the message says how to fix it."""
 
 
 def cgroup_cpu_limit(root=CGROUP_ROOT):
@@ -91,6 +102,42 @@ class EpochSampler(torch.utils.data.Sampler):
         return self.num_samples - self.num_samples % self.world_size if self.train else self.num_samples
 
 
+def shared_memory_bytes(path=SHM_PATH):
+    """(size, free) of /dev/shm in bytes, or None where there is none."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+
+
+def batch_bytes(batch_size, image_size):
+    """Bytes of one uint8 batch of batch_size x image_size x image_size x 3."""
+    return batch_size * image_size * image_size * IMAGE_CHANNELS
+
+
+def shared_memory_needed(workers, prefetch_factor, one_batch_bytes):
+    """/dev/shm bytes that the loader's batches take at most: those in flight and those the main process holds."""
+    return (workers * prefetch_factor + BATCHES_HELD_BY_MAIN) * one_batch_bytes if workers > 0 else 0
+
+
+def fit_to_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes):
+    """The (workers, prefetch_factor) nearest those asked for whose batches fit in free_bytes of /dev/shm:
+    prefetch_factor is lowered first, then workers. Raises SharedMemoryError when one batch does not fit."""
+    while shared_memory_needed(workers, prefetch_factor, one_batch_bytes) > free_bytes:
+        if prefetch_factor > 1:
+            prefetch_factor -= 1
+        elif workers > 1:
+            workers -= 1
+        else:
+            raise SharedMemoryError(
+                f"/dev/shm has {free_bytes / MB:.0f} MB free: not enough for one loader worker's batches "
+                f"({shared_memory_needed(1, 1, one_batch_bytes) / MB:.0f} MB of {one_batch_bytes / MB:.1f} MB each); "
+                "start the container with --shm-size=8g (or --ipc=host), or use --workers 0 or a smaller --batch-size"
+            )
+    return workers, prefetch_factor
+
+
 def collate_uint8(samples):
     """Batch ImageDataset samples: (images uint8 (N, H, W, 3), labels int64 (N,), unreadable positions).
 
@@ -117,8 +164,24 @@ def build_loader(dataset, options, device, train, rank=0, world_size=1):
     Reads from `options` (train.py's parsed flags): batch_size, workers (a number), prefetch_factor,
     persistent_workers, pin_memory (None: when `device` is CUDA) and seed. loader.sampler is the
     EpochSampler: call loader.sampler.set_epoch(epoch, skip) before each pass.
+
+    Before starting workers, it checks that /dev/shm holds the batches they keep in flight: if not, it
+    lowers prefetch_factor, then workers, and says so on stderr; if one batch does not fit, it raises
+    SharedMemoryError (a worker would otherwise die of a bus error mid-epoch).
     """
-    workers = options.workers
+    workers, prefetch_factor = options.workers, options.prefetch_factor
+    shm = shared_memory_bytes()
+    if workers > 0 and shm is not None:
+        one_batch_bytes = batch_bytes(options.batch_size, dataset.image_size)
+        fitted = fit_to_shared_memory(workers, prefetch_factor, one_batch_bytes, shm[1])
+        if fitted != (workers, prefetch_factor) and rank == 0:
+            print(
+                f"loader: /dev/shm has {shm[1] / MB:.0f} MB free, too little for {workers} workers x {prefetch_factor} "
+                f"prefetched batches of {one_batch_bytes / MB:.1f} MB: using {fitted[0]} workers x {fitted[1]}; "
+                "start the container with --shm-size=8g to keep them",
+                file=sys.stderr,
+            )
+        workers, prefetch_factor = fitted
     pin_memory = device.type == "cuda" if options.pin_memory is None else options.pin_memory
     return torch.utils.data.DataLoader(
         dataset,
@@ -129,7 +192,7 @@ def build_loader(dataset, options, device, train, rank=0, world_size=1):
         pin_memory=pin_memory,
         drop_last=train,
         worker_init_fn=init_worker,
-        prefetch_factor=options.prefetch_factor if workers > 0 else None,
+        prefetch_factor=prefetch_factor if workers > 0 else None,
         persistent_workers=options.persistent_workers and workers > 0,
         # Its own generator: creating an iterator then leaves torch's global RNG (dropout, ...) alone,
         # so a resumed run draws the same random numbers as an uninterrupted one.

@@ -23,12 +23,12 @@ from PIL import Image
 
 COMPLETE_MARKER = ".sample-data.json"  # written last; hidden, so never taken for a class
 SPLIT_SEEDS = {"train": 0, "val": 1}
-NOISE_FFT_SIDE = 512  # >= the largest image side
+NOISE_FFT_SIDE = 512  # the smallest FFT side; larger images get the next power of two
 
 
 def pink_noise(rng, height, width):
     """Gaussian noise whose amplitude falls as 1/frequency, like natural images; unit standard deviation."""
-    side = NOISE_FFT_SIDE  # made square at a power of two (a fast FFT), then cropped
+    side = max(NOISE_FFT_SIDE, 1 << (max(height, width) - 1).bit_length())  # a square power of two (a fast FFT)
     frequency = np.hypot(np.fft.fftfreq(side)[:, None], np.fft.rfftfreq(side)[None, :])
     frequency[0, 0] = 1.0
     spectrum = (rng.standard_normal(frequency.shape) + 1j * rng.standard_normal(frequency.shape)) / frequency
@@ -62,21 +62,21 @@ def write_split(folder, split, classes, per_class, seed):
             Image.fromarray(class_image(rng, class_id, classes)).save(path, quality=int(rng.integers(90, 97)))
 
 
-def write_sample_data(out_dir, classes, per_class, val_per_class, seed):
-    """Build the set beside `out_dir` and rename it into place; returns False when it was already there."""
+def publish_atomically(out_dir, write_into, settings):
+    """Run write_into(folder) on a hidden folder beside `out_dir`, mark it complete, rename it to `out_dir`.
+
+    Returns False, writing nothing, when `out_dir` is already a complete set (of any settings).
+    """
     if os.path.exists(os.path.join(out_dir, COMPLETE_MARKER)):
         return False
     if os.path.isdir(out_dir) and os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir} exists and is not a sample data set: not overwriting it")
+        raise FileExistsError(f"{out_dir} exists and is not a generated data set: not overwriting it")
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     temp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
     try:
         os.chmod(temp_dir, 0o755)  # mkdtemp makes it private; a data set is for everyone to read
-        write_split(temp_dir, "train", classes, per_class, seed)
-        if val_per_class > 0:  # without val/, train.py holds out --val-fraction of train/
-            write_split(temp_dir, "val", classes, val_per_class, seed)
-        settings = {"classes": classes, "per_class": per_class, "val_per_class": val_per_class, "seed": seed}
+        write_into(temp_dir)
         with open(os.path.join(temp_dir, COMPLETE_MARKER), "w") as marker:
             json.dump(settings, marker)
         os.rename(temp_dir, out_dir)  # atomic; replaces an empty folder (a fresh mount point), nothing else
@@ -84,6 +84,18 @@ def write_sample_data(out_dir, classes, per_class, val_per_class, seed):
         shutil.rmtree(temp_dir)
         raise
     return True
+
+
+def write_sample_data(out_dir, classes, per_class, val_per_class, seed):
+    """Build the set beside `out_dir` and rename it into place; returns False when it was already there."""
+
+    def write_into(folder):
+        write_split(folder, "train", classes, per_class, seed)
+        if val_per_class > 0:  # without val/, train.py holds out --val-fraction of train/
+            write_split(folder, "val", classes, val_per_class, seed)
+
+    settings = {"classes": classes, "per_class": per_class, "val_per_class": val_per_class, "seed": seed}
+    return publish_atomically(out_dir, write_into, settings)
 
 
 def main(argv=None):

@@ -16,6 +16,7 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+import autotune
 import checkpoint
 import cli
 import data
@@ -30,6 +31,10 @@ BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the error when there are too
 
 class TooManyBadImages(RuntimeError):
     """More unreadable images in an epoch than --max-bad-images: one line on stderr, exit code 1."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, say); the earlier ones are untouched: exit code 1."""
 
 
 class StopRequest:
@@ -93,7 +98,16 @@ def save_checkpoint(args, network, optimizer, scheduler, scaler, epoch, step_in_
         "rng": checkpoint.capture_rng_states(),
         "config": vars(args),
     }
-    checkpoint.save_atomically(state, path)
+    try:
+        checkpoint.save_atomically(state, path)
+    except (OSError, RuntimeError) as error:
+        # torch.save reports a failed write (ENOSPC, EIO) as a RuntimeError raised while handling the OSError.
+        cause = error if isinstance(error, OSError) else error.__context__
+        if not isinstance(cause, OSError):
+            raise
+        previous = checkpoint.latest_checkpoint(args.run_dir)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "there is no earlier checkpoint"
+        raise CheckpointWriteError(f"could not write {path}: {cause.strerror or cause}; {kept}") from None
     checkpoint.remove_old_checkpoints(args.run_dir, args.keep_checkpoints)
     return path
 
@@ -250,30 +264,43 @@ def main(argv=None):
     except (data.DataError, model.WeightsError) as error:
         cli.exit_with_usage_error(str(error))
 
-    def make_loader(index, train):
-        dataset = data.ImageDataset(index, args.image_size, train=train, seed=args.seed)
-        return loader.build_loader(dataset, args, device, train, processes.rank, processes.world_size)
+    def make_dataset(index, train):
+        return data.ImageDataset(index, args.image_size, train=train, seed=args.seed, draft=args.jpeg_draft)
 
-    train_loader = make_loader(train_index, train=True)
+    def make_loader(index, train):
+        return loader.build_loader(
+            make_dataset(index, train), args, device, train, processes.rank, processes.world_size
+        )
+
+    try:
+        if args.autotune:
+            if processes.world_size > 1:
+                cli.exit_with_usage_error("--autotune: run it in one process, without torchrun")
+            autotune.tune(make_dataset(train_index, train=True), args, device, autotune.setting_key(args, processes))
+            return
+        train_loader = make_loader(train_index, train=True)
+        val_loader = make_loader(val_index, train=False) if len(val_index) > 0 else None
+    except loader.SharedMemoryError as error:
+        cli.exit_with_usage_error(str(error))
     if len(train_loader) == 0:
         cli.exit_with_usage_error(
             f"{len(train_index)} training images make no full batch of --batch-size {args.batch_size} "
             f"in each of {processes.world_size} processes"
         )
-    val_loader = make_loader(val_index, train=False) if len(val_index) > 0 else None
 
     processes = distributed.start(processes, device)
     log = open_run_dir(args, processes, class_names)
     log.print(
         f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
-        f"{args.arch} on {device} x {processes.world_size}; {args.workers} loader workers; run dir {args.run_dir}"
+        f"{args.arch} on {device} x {processes.world_size}; {args.workers} loader workers"
+        f"{' (autotuned)' if args.autotuned else ''}; run dir {args.run_dir}"
     )
     try:
         if args.loader_only:
             measure_loader(train_loader, args, device, processes, log, stop)
         else:
             train(args, network, train_loader, val_loader, device, processes, log, stop)
-    except TooManyBadImages as error:
+    except (TooManyBadImages, CheckpointWriteError) as error:
         print(f"{cli.PROG}: error: {error}", file=sys.stderr)
         sys.exit(1)
     finally:

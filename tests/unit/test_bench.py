@@ -1,0 +1,74 @@
+"""bench.py and bench_data.py: the same output from every pipeline, deterministic data, flat worker memory."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, JpegImagePlugin
+
+import bench
+import bench_data
+import data
+import prepared
+
+
+@pytest.fixture(scope="module")
+def bench_set(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench") / "images"
+    bench_data.write_bench_data(str(root), images=12, processes=2)
+    return root
+
+
+def test_generated_images_are_deterministic_imagenet_like_jpegs(bench_set, tmp_path):
+    files = sorted(path.relative_to(bench_set) for path in bench_set.rglob("*.JPEG"))
+    assert len(files) == 12 + bench_data.CLASSES  # train/ and at least one val/ image per class
+
+    for split, number in (("train", 0), ("train", 11), ("val", 3)):
+        bench_data.write_image(str(tmp_path), 0, (split, number))  # again, elsewhere
+    again = sorted(tmp_path.rglob("*.JPEG"))
+    assert len(again) == 3
+    assert all(path.read_bytes() == (bench_set / path.relative_to(tmp_path)).read_bytes() for path in again)
+    for name in files:
+        with Image.open(bench_set / name) as image:
+            assert image.mode == "RGB" and JpegImagePlugin.get_sampling(image) == 0  # 4:4:4
+            assert min(image.size) >= 300 and max(image.size) <= bench_data.LARGE_LONG_SIDE[1]
+            assert np.asarray(image).std() > 20  # texture, not a flat colour
+    mean_kb = np.mean([(bench_set / name).stat().st_size for name in files]) / 1000
+    assert 80 < mean_kb < 150
+
+
+def test_every_pipeline_gives_the_same_batch_shape_and_value_range_on_the_device(bench_set, tmp_path):
+    prepared_root = tmp_path / "prepared"
+    prepared.prepare(str(bench_set), str(prepared_root), processes=2)
+    device = torch.device("cpu")
+    pipelines = [
+        bench.torchvision_pipeline("naive", str(bench_set / "train"), 4, device, workers=0),
+        bench.torchvision_pipeline("classic", str(bench_set / "train"), 4, device, workers=2),
+        bench.torchlab_pipeline("torchlab", str(bench_set), 4, device),
+        bench.torchlab_pipeline("torchlab-prepared", str(prepared_root), 4, device),
+    ]
+    mean_and_std = list(zip(bench.loader.IMAGENET_MEAN, bench.loader.IMAGENET_STD, strict=True))
+    lowest, highest = (
+        min(-mean / std for mean, std in mean_and_std),
+        max((1 - mean) / std for mean, std in mean_and_std),
+    )
+    for pipeline in pipelines:
+        images, labels = next(pipeline.batches())
+        assert images.shape == (4, 3, 224, 224) and images.dtype == torch.float32, pipeline.name
+        assert labels.shape == (4,) and labels.dtype == torch.int64, pipeline.name
+        assert lowest - 1e-4 <= images.min() and images.max() <= highest + 1e-4, pipeline.name
+        result = bench.measure_pass(pipeline, epoch=1, device=device, consumer_seconds=0.01)
+        assert result["images_per_sec"] > 0 and 0 <= result["data_wait_frac"] <= 1, pipeline.name
+
+
+def test_torchlab_draws_the_same_crop_and_flip_distribution_as_torchvision():
+    # Both take RandomResizedCrop's defaults and a flip with probability 1/2 (data.py's constants).
+    crop = bench.naive_transform(224).transforms[0]
+    assert (crop.scale, crop.ratio) == (data.CROP_AREA_RANGE, pytest.approx(data.CROP_ASPECT_RANGE))
+    assert bench.naive_transform(224).transforms[1].p == 0.5
+
+
+def test_worker_memory_does_not_grow_per_epoch_with_a_million_samples(tmp_path):
+    (tmp_path / prepared.DATA_FILE).write_bytes(b"\0")
+    memory = bench.memory_measurements(str(tmp_path))
+    assert memory["samples"] == 1_000_000
+    assert memory["sample_index_mb_per_epoch"] < 20 and memory["prepared_index_mb_per_epoch"] < 20

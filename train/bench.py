@@ -1,0 +1,558 @@
+"""How fast the input pipelines are on this machine: `python bench.py` (or `make bench`).
+
+In one run, on the same generated files (bench_data.py) and with a warm page cache, it measures, interleaved
+over --repetitions after a warm-up pass:
+
+  naive              torchvision ImageFolder + RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize;
+                     DataLoader(num_workers=0), float batches
+  classic            the same with min(8, usable CPUs) workers, pin_memory, prefetch_factor=2, persistent workers
+  torchlab           train.py's default pipeline, as --loader-only runs it (data.ImageDataset,
+                     loader.build_loader, loader.BatchToDevice)
+  torchlab-prepared  the same on a prepared copy (prepared.py) of the files
+
+and two ceilings: decode-only (every file decoded at full size, no augmentation, one process per usable CPU)
+and transport (ready-made uint8 samples through train.py's DataLoader settings, no device step). Each
+pipeline then feeds a simulated consumer that takes batch_size / (1.5 x classic's images/s) seconds per
+batch, and its data-wait fraction is the share of that pass spent waiting for batches. A per-stage timing
+on one core tells which stage limits each pipeline. Results: a table on stdout, OUT_DIR/bench.json and
+OUT_DIR/bench.png.
+
+images/s is over whole passes (from asking for the first batch to the last), as --loader-only counts them.
+data_wait_frac leaves out the wait for each pass's first batch (the pipeline filling up, paid once per epoch:
+one batch in 20,000 on ImageNet, one in 31 here); data_wait_frac_with_fill and fill_s report it.
+"""
+
+import argparse
+import gc
+import io
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import PIL
+import torch
+import torchvision
+from PIL import Image
+from torchvision import transforms
+
+import bench_data
+import cli
+import data
+import loader
+import prepared
+
+DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
+CONSUMER_SPEEDUP = 1.5  # the simulated consumer runs at 1.5 x classic's images/s
+CONSUMER_PASSES = 2
+STAGE_SAMPLES = 128  # images timed one by one for the per-stage table
+MEMORY_INDEX_SAMPLES = 1_000_000
+# Stages done in the main process, one batch at a time; the others run in every worker at once.
+MAIN_PROCESS_STAGES = ("transfer", "device step")
+
+
+def naive_transform(image_size):
+    """The torchvision training transforms of the classic recipe."""
+    return transforms.Compose(
+        [
+            transforms.RandomResizedCrop(image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(loader.IMAGENET_MEAN, loader.IMAGENET_STD),
+        ]
+    )
+
+
+class Pipeline:
+    """A DataLoader and what turns its batches into (images, labels) on the device."""
+
+    def __init__(self, name, data_loader, to_device, workers):
+        self.name = name
+        self.loader = data_loader
+        self.to_device = to_device
+        self.workers = workers
+
+    def set_epoch(self, epoch):
+        if isinstance(self.loader.sampler, loader.EpochSampler):
+            self.loader.sampler.set_epoch(epoch)
+
+    def batches(self):
+        """(images, labels) on the device, one pass."""
+        for batch in self.loader:
+            yield self.to_device(batch[0], batch[1])
+
+
+def torchvision_pipeline(name, train_root, batch_size, device, workers):
+    """naive (workers=0) or classic: ImageFolder + torchvision transforms, float batches."""
+    dataset = torchvision.datasets.ImageFolder(train_root, transform=naive_transform(224))
+    worker_options = {}
+    if workers > 0:
+        worker_options = {"pin_memory": True, "prefetch_factor": 2, "persistent_workers": True}
+    data_loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **worker_options
+    )
+
+    def to_device(images, labels):
+        return images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+    return Pipeline(name, data_loader, to_device, workers)
+
+
+def torchlab_options(data_root, batch_size, device):
+    """train.py's flags for --loader-only on data_root, all defaults but these (no saved autotune setting)."""
+    run_dir = os.path.join(tempfile.gettempdir(), "torchlab-bench-run")
+    argv = ["--data", data_root, "--batch-size", str(batch_size), "--device", device.type, "--run-dir", run_dir]
+    return cli.parse_args([*argv, "--autotune-file", os.devnull, "--loader-only"])
+
+
+def torchlab_pipeline(name, data_root, batch_size, device):
+    """train.py's training loader, built by the same calls as train.py makes."""
+    options = torchlab_options(data_root, batch_size, device)
+    _, train_index, _ = data.load_splits(options.data, options.val_fraction, options.seed)
+    dataset = data.ImageDataset(
+        train_index, options.image_size, train=True, seed=options.seed, draft=options.jpeg_draft
+    )
+    data_loader = loader.build_loader(dataset, options, device, train=True)
+    return Pipeline(name, data_loader, loader.BatchToDevice(device), options.workers)
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_pass(pipeline, epoch, device, consumer_seconds=0.0):
+    """One pass: images/s, and the share of it spent waiting for batches when each takes consumer_seconds."""
+    pipeline.set_epoch(epoch)
+    images, wait, fill = 0, 0.0, None
+    start = tick = time.perf_counter()
+    for _, labels in pipeline.batches():
+        waited = time.perf_counter() - tick
+        if fill is None:
+            fill = waited
+        else:
+            wait += waited
+        images += len(labels)
+        if consumer_seconds:
+            time.sleep(consumer_seconds)
+        tick = time.perf_counter()
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    return {
+        "images_per_sec": images / elapsed,
+        "data_wait_frac": wait / (elapsed - fill),
+        "data_wait_frac_with_fill": (wait + fill) / elapsed,
+        "fill_s": fill,
+    }
+
+
+def decode_file(path):
+    """Full-size decode to RGB, no augmentation: the decode-only ceiling's unit of work."""
+    with Image.open(path) as image:
+        image.load()
+        rgb = image if image.mode == "RGB" else image.convert("RGB")
+        return rgb.size
+
+
+def decode_prepared(job):
+    data_path, start, end = job
+    with open(data_path, "rb") as data_file:
+        data_file.seek(start)
+        encoded = data_file.read(end - start)
+    return decode_file(io.BytesIO(encoded))
+
+
+def decode_rate(pool, function, jobs):
+    start = time.perf_counter()
+    for _ in pool.imap_unordered(function, jobs, chunksize=16):
+        pass
+    return len(jobs) / (time.perf_counter() - start)
+
+
+class ReadyMadeSamples(torch.utils.data.Dataset):
+    """Samples that cost nothing to make: the same uint8 image every time (the transport ceiling)."""
+
+    def __init__(self, length, image_size):
+        self.length = length
+        self.image_size = image_size
+        self.pixels = np.full((image_size, image_size, loader.IMAGE_CHANNELS), 127, dtype=np.uint8)
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, key):
+        return self.pixels, 0, key[0]
+
+
+def transport_pipeline(length, batch_size, device):
+    options = torchlab_options(os.devnull, batch_size, device)
+    data_loader = loader.build_loader(ReadyMadeSamples(length, options.image_size), options, device, train=True)
+    return Pipeline("transport", data_loader, lambda images, labels: (images, labels), options.workers)
+
+
+def seconds_per_item(function, items):
+    start = time.perf_counter()
+    results = [function(item) for item in items]
+    return (time.perf_counter() - start) / len(items), results
+
+
+def stage_timings(pipelines, train_index, prepared_index, batch_size, device, transport_rates):
+    """Milliseconds per image of each stage, on one core, and the stage that limits each pipeline.
+
+    A stage in the workers runs `workers` at a time; one in the main process (receiving batches, the device
+    step: on a CPU device, normalising to float) one at a time: the stage with the lowest images/s so
+    computed is the limit. transfer is 1 / the transport ceiling (uint8 or float32 batches).
+    """
+    paths = [train_index.path(position) for position in range(min(STAGE_SAMPLES, len(train_index)))]
+    transform = naive_transform(224)
+    decode, decoded = seconds_per_item(lambda path: Image.open(path).convert("RGB"), paths)
+    augment, tensors = seconds_per_item(transform, decoded)
+    batch = [(tensor, 0) for tensor in tensors[:batch_size]]
+    collate_float, _ = seconds_per_item(torch.utils.data.default_collate, [batch] * 4)
+    torchvision_stages = {
+        "decode": decode,
+        "augmentation": augment,
+        "collate": collate_float / len(batch),
+        "transfer": 1 / transport_rates["float32"],
+    }
+    result = {}
+    for name in ("naive", "classic"):
+        result[name] = {"ms_per_image": torchvision_stages, "workers": pipelines[name].workers}
+    for name, index in (("torchlab", train_index), ("torchlab-prepared", prepared_index)):
+        dataset = pipelines[name].loader.dataset
+        keys = [(position, 0) for position in range(min(STAGE_SAMPLES, len(index)))]
+        fused, samples = seconds_per_item(dataset.__getitem__, keys)
+        uint8_batch = samples[:batch_size]
+        collate_uint8, (images,) = seconds_per_item(lambda samples: loader.collate_uint8(samples)[0], [uint8_batch])
+        device_step, _ = seconds_per_item(
+            lambda batch, to_device=pipelines[name].to_device: to_device(batch, torch.zeros(len(batch))), [images] * 4
+        )
+        stages = {
+            "decode+augmentation (fused)": fused,
+            "collate": collate_uint8 / len(uint8_batch),
+            "transfer": 1 / transport_rates["uint8"],
+            "device step": device_step / len(images),
+        }
+        result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
+    for timing in result.values():
+        workers = timing["workers"]
+        in_workers = max(1, workers)
+
+        def images_per_sec(stage, seconds, in_workers=in_workers):
+            return (1 if stage in MAIN_PROCESS_STAGES else in_workers) / seconds
+
+        if workers == 0:  # one process does every stage, one after another
+            timing["limit"] = max(timing["ms_per_image"], key=timing["ms_per_image"].get)
+        else:
+            timing["limit"] = min(
+                timing["ms_per_image"], key=lambda stage: images_per_sec(stage, timing["ms_per_image"][stage])
+            )
+        timing["ms_per_image"] = {stage: 1000 * seconds for stage, seconds in timing["ms_per_image"].items()}
+    return result
+
+
+def private_dirty_bytes():
+    with open("/proc/self/smaps_rollup") as smaps:
+        fields = dict(line.split(":", 1) for line in smaps if line.startswith("Private_Dirty"))
+    return int(fields["Private_Dirty"].split()[0]) * 1024
+
+
+def worker_memory_growth(dataset_index, epochs=1):
+    """Bytes a forked process (as a loader worker is) gains per epoch reading every sample's index entry."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    # The sampler's orders are made in the main process, as loader.EpochSampler's are.
+    orders = [np.random.default_rng(epoch).permutation(len(dataset_index)) for epoch in range(epochs)]
+
+    def read_epochs():
+        gc.disable()  # measure the reads, not a collection walking the parent's objects
+        before = private_dirty_bytes()
+        for order in orders:
+            for position in order:  # what ImageDataset reads of each sample before decoding it
+                dataset_index.source(position)
+                int(dataset_index.labels[position])
+        sender.send((private_dirty_bytes() - before) / epochs)
+
+    gc.collect()
+    process = context.Process(target=read_epochs)
+    process.start()
+    growth = receiver.recv()
+    process.join()
+    return growth
+
+
+def memory_measurements(prepared_root):
+    """Per-epoch growth of a forked reader of a 1-million-sample SampleIndex and PreparedIndex, in MB."""
+    count = MEMORY_INDEX_SAMPLES
+    paths = [f"/data/train/n{number % 1000:08d}/n{number % 1000:08d}_{number}.JPEG" for number in range(count)]
+    labels = np.arange(count) % 1000
+    sample_index = data.SampleIndex(paths, labels)
+    del paths
+    ends = np.arange(1, count + 1, dtype=np.int64)
+    prepared_index = prepared.PreparedIndex(
+        os.path.join(prepared_root, prepared.DATA_FILE), ends - 1, ends, labels, sample_index
+    )
+    return {
+        "samples": count,
+        "sample_index_mb_per_epoch": worker_memory_growth(sample_index) / loader.MB,
+        "prepared_index_mb_per_epoch": worker_memory_growth(prepared_index) / loader.MB,
+    }
+
+
+def warm_page_cache(paths):
+    for path in paths:
+        with open(path, "rb") as data_file:
+            while data_file.read(1 << 20):
+                pass
+
+
+def data_statistics(train_index):
+    sizes = []
+    for position in range(len(train_index)):
+        with Image.open(train_index.path(position)) as image:
+            sizes.append(image.size)
+    sizes = np.array(sizes)
+    file_bytes = [os.path.getsize(train_index.path(position)) for position in range(len(train_index))]
+    return {
+        "images": len(train_index),
+        "mean_width": float(sizes[:, 0].mean()),
+        "mean_height": float(sizes[:, 1].mean()),
+        "large_share": float((sizes.max(axis=1) >= bench_data.LARGE_LONG_SIDE[0]).mean()),
+        "mean_file_kb": float(np.mean(file_bytes) / 1000),
+    }
+
+
+def ratio_table(results):
+    names = list(results)
+    lines = [f"{'images/s ratio':<18}" + "".join(f"{name:>19}" for name in names)]
+    for name in names:
+        rate = results[name]["images_per_sec"]
+        lines.append(f"{name:<18}" + "".join(f"{rate / results[other]['images_per_sec']:>18.2f}x" for other in names))
+    return lines
+
+
+def report_lines(report):
+    pipelines, ceilings = report["pipelines"], report["ceilings"]
+    files = report["data"]
+    lines = [
+        f"{files['images']} images, mean {files['mean_width']:.0f}x{files['mean_height']:.0f} px, "
+        f"{files['mean_file_kb']:.1f} KB, {files['large_share']:.1%} large; "
+        f"{report['machine']['usable_cpus']} usable CPUs; device {report['settings']['device']}; "
+        f"median of {report['settings']['repetitions']} passes",
+        "",
+        f"{'pipeline':<18} {'workers':>7} {'images/s':>9} {'min':>8} {'max':>8} {'vs naive':>8} {'vs classic':>10} "
+        f"{'data wait':>9} {'w/ fill':>8}  limit (per-stage timing)",
+    ]
+    for name, result in pipelines.items():
+        lines.append(
+            f"{name:<18} {result['workers']:>7} {result['images_per_sec']:>9.1f} {min(result['runs']):>8.1f} "
+            f"{max(result['runs']):>8.1f} {result['vs_naive']:>7.2f}x {result['vs_classic']:>9.2f}x "
+            f"{result['data_wait_frac']:>9.1%} {result['data_wait_frac_with_fill']:>8.1%}  {result['limit']}"
+        )
+    lines += [""] + [f"ceiling {name:<24} {rate:>9.1f} images/s" for name, rate in ceilings.items()]
+    lines += [
+        f"torchlab / decode-only ceiling: {pipelines['torchlab']['images_per_sec'] / ceilings['decode_only']:.1%}",
+        f"simulated consumer: {report['consumer']['seconds_per_batch'] * 1000:.1f} ms per batch "
+        f"({report['consumer']['images_per_sec']:.1f} images/s)",
+        "",
+        *ratio_table(pipelines),
+        "",
+        "per-stage ms/image on one core (limit: the stage with the fewest images/s given its parallelism)",
+    ]
+    for name, timing in report["stages"].items():
+        stages = ", ".join(f"{stage} {ms:.2f}" for stage, ms in timing["ms_per_image"].items())
+        lines.append(f"  {name:<18} {stages}  -> {timing['limit']}")
+    memory = report["worker_memory"]
+    lines.append(
+        f"worker memory per epoch, {memory['samples']:,}-sample index: SampleIndex "
+        f"{memory['sample_index_mb_per_epoch']:.1f} MB, PreparedIndex {memory['prepared_index_mb_per_epoch']:.1f} MB"
+    )
+    return lines
+
+
+def plot(report, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["pipelines"]) + [f"ceiling: {name}" for name in report["ceilings"]]
+    rates = [result["images_per_sec"] for result in report["pipelines"].values()] + list(report["ceilings"].values())
+    colours = ["tab:blue"] * len(report["pipelines"]) + ["tab:grey"] * len(report["ceilings"])
+    figure, axes = plt.subplots(figsize=(8, 4))
+    bars = axes.barh(names[::-1], rates[::-1], color=colours[::-1])
+    axes.bar_label(bars, fmt="%.0f")
+    axes.set_xlabel("images/s (median)")
+    axes.set_title(f"input pipelines, {report['machine']['usable_cpus']} CPUs, {report['data']['images']} images")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device, print_line=print):
+    """Measure everything on the files at data_root and prepared_root; write out_dir/bench.{json,png}."""
+    _, train_index, _ = data.load_splits(data_root, 0.0, 0)
+    _, prepared_train_index, _ = data.load_splits(prepared_root, 0.0, 0)
+    warm_page_cache([*(train_index.path(p) for p in range(len(train_index))), prepared_train_index.data_path])
+    cpus = loader.usable_cpu_count()
+    pipelines = {
+        "naive": torchvision_pipeline("naive", os.path.join(data_root, "train"), batch_size, device, workers=0),
+        "classic": torchvision_pipeline(
+            "classic", os.path.join(data_root, "train"), batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)
+        ),
+        "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device),
+        "torchlab-prepared": torchlab_pipeline("torchlab-prepared", prepared_root, batch_size, device),
+    }
+    transport = transport_pipeline(len(train_index), batch_size, device)
+    float_transport = Pipeline(
+        "transport-float",
+        torch.utils.data.DataLoader(
+            [(torch.zeros(3, 224, 224), 0)] * len(train_index),
+            batch_size=batch_size,
+            num_workers=transport.workers,
+            persistent_workers=transport.workers > 0,
+        ),
+        lambda images, labels: (images, labels),
+        transport.workers,
+    )
+    prepared_jobs = [
+        (prepared_train_index.data_path, int(start), int(end))
+        for start, end in zip(prepared_train_index.starts, prepared_train_index.ends, strict=True)
+    ]
+    runs = {name: [] for name in [*pipelines, "transport", "transport-float", "decode_only", "decode_only_prepared"]}
+    paths = [train_index.path(position) for position in range(len(train_index))]
+    with multiprocessing.get_context("fork").Pool(cpus) as pool:
+        for repetition in range(repetitions + 1):  # the first is the warm-up
+            print_line(f"pass {repetition}{' (warm-up)' if repetition == 0 else ''} ...")
+            for name, pipeline in [*pipelines.items(), ("transport", transport), ("transport-float", float_transport)]:
+                result = measure_pass(pipeline, repetition, device)
+                if repetition > 0:
+                    runs[name].append(result["images_per_sec"])
+            decode_only = decode_rate(pool, decode_file, paths)
+            decode_only_prepared = decode_rate(pool, decode_prepared, prepared_jobs)
+            if repetition > 0:
+                runs["decode_only"].append(decode_only)
+                runs["decode_only_prepared"].append(decode_only_prepared)
+    medians = {name: statistics.median(rates) for name, rates in runs.items()}
+
+    consumer_seconds = batch_size / (CONSUMER_SPEEDUP * medians["classic"])
+    print_line(f"simulated consumer: {consumer_seconds * 1000:.1f} ms per batch ...")
+    waits = {name: [] for name in pipelines}
+    for consumer_pass in range(CONSUMER_PASSES):
+        for name, pipeline in pipelines.items():
+            waits[name].append(measure_pass(pipeline, repetitions + 1 + consumer_pass, device, consumer_seconds))
+
+    print_line("per-stage timing and worker memory ...")
+    transport_rates = {"uint8": medians["transport"], "float32": medians["transport-float"]}
+    stages = stage_timings(pipelines, train_index, prepared_train_index, batch_size, device, transport_rates)
+    report = {
+        "settings": {"batch_size": batch_size, "repetitions": repetitions, "device": str(device)},
+        "machine": {
+            "usable_cpus": cpus,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchvision": torchvision.__version__,
+            "pillow": PIL.__version__,
+        },
+        "data": {**data_statistics(train_index), "root": data_root, "prepared_root": prepared_root},
+        "pipelines": {},
+        "ceilings": {
+            "decode_only": medians["decode_only"],
+            "decode_only_prepared": medians["decode_only_prepared"],
+            "transport": medians["transport"],
+            "transport_float32": medians["transport-float"],
+        },
+        "consumer": {"seconds_per_batch": consumer_seconds, "images_per_sec": batch_size / consumer_seconds},
+        "stages": stages,
+        "worker_memory": memory_measurements(prepared_root),
+    }
+    for name, pipeline in pipelines.items():
+        report["pipelines"][name] = {
+            "images_per_sec": medians[name],
+            "runs": runs[name],
+            "vs_naive": medians[name] / medians["naive"],
+            "vs_classic": medians[name] / medians["classic"],
+            "workers": pipeline.workers,
+            **{key: statistics.median(wait[key] for wait in waits[name]) for key in waits[name][0] if "wait" in key},
+            "fill_s": statistics.median(wait["fill_s"] for wait in waits[name]),
+            "limit": stages[name]["limit"],
+        }
+    os.makedirs(out_dir, exist_ok=True)
+    json_path, png_path = os.path.join(out_dir, "bench.json"), os.path.join(out_dir, "bench.png")
+    with open(json_path, "w") as json_file:
+        json.dump(report, json_file, indent=2)
+    plot(report, png_path)
+    for line in report_lines(report):
+        print_line(line)
+    print_line(f"wrote {json_path} and {png_path}")
+    return report
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--images", type=cli.positive_int, default=2000, help="generated training images (default: 2000)"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=DEFAULT_CACHE_DIR,
+        help=f"where the generated images and their prepared copy are kept between runs (default: {DEFAULT_CACHE_DIR})",
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="benchmark these images instead (an ImageFolder with train/); its prepared copy goes to --cache-dir "
+        "(default: generated)",
+    )
+    parser.add_argument(
+        "--out-dir", default="bench-results", help="where bench.json and bench.png go (default: bench-results)"
+    )
+    parser.add_argument(
+        "--repetitions", type=cli.positive_int, default=3, help="timed passes of each pipeline (default: 3)"
+    )
+    parser.add_argument("--batch-size", type=cli.positive_int, default=64, help="images per batch (default: 64)")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if present (default: auto)"
+    )
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    cache_dir = os.path.expanduser(args.cache_dir)
+    data_root = args.data or os.path.join(cache_dir, f"images-{args.images}-seed0")
+    if args.data is None:
+        print(f"generating {args.images} images in {data_root} (once) ...", flush=True)
+        bench_data.write_bench_data(data_root, args.images)
+    prepared_root = os.path.join(cache_dir, f"{os.path.basename(os.path.abspath(data_root))}.prepared")
+    print(f"preparing {prepared_root} (once) ...", flush=True)
+    try:
+        prepared.prepare(data_root, prepared_root)
+    except data.DataError as error:
+        print(f"bench.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    # One torch thread in this process: with more, torchvision's per-image Normalize (naive) waits on its
+    # threads at every call, ~10x slower on 2 busy cores; train.py's workers run one thread each as well.
+    torch.set_num_threads(1)
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")  # classic's pin_memory without a GPU
+    run_bench(
+        data_root,
+        prepared_root,
+        args.out_dir,
+        args.batch_size,
+        args.repetitions,
+        torch.device("cuda" if use_cuda else "cpu"),
+        print_line=lambda line: print(line, flush=True),
+    )
+
+
+if __name__ == "__main__":
+    main()
