@@ -122,7 +122,7 @@ test-unit: ## train/ tests, on the CPU, inside the image
 		python -m pytest -p no:cacheprovider tests/unit
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
-	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE) $(VENV)/bin/pytest tests/image
+	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE) $(VENV)/bin/pytest -s tests/image
 
 export-env: ## write the env, as built, to environment.lock.yml (conda) or requirements.lock.txt (pypi)
 	@if [ "$(ENV_SOURCE)" = conda ]; then \

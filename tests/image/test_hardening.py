@@ -1,5 +1,5 @@
 """Hardening: the image under load, faults and attack, with real clients. Figures are printed
-(run pytest with -s to see them; `make test` does)."""
+(`make test` runs pytest with -s, so they show)."""
 
 import concurrent.futures
 import hashlib
