@@ -57,14 +57,16 @@ $(SAMPLE_DATA)/.done: $(wildcard train/*.py)
 run: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## start the container: ports on 127.0.0.1, /data mounted, GPUs if present
 	@key=$$(cat ~/.ssh/id_ed25519.pub ~/.ssh/id_rsa.pub 2>/dev/null | head -n1); \
 	gpus=$$(command -v nvidia-smi >/dev/null && echo --gpus all); \
-	name=torchlab-$$USER; \
+	name=torchlab-$${USER:-$$(id -un)}; \
 	$(DOCKER) run -d --name $$name $$gpus --shm-size=$(SHM_SIZE) \
 		-p 127.0.0.1:$(JUPYTER_HOST_PORT):8888 -p 127.0.0.1:$(SSH_HOST_PORT):2222 \
-		-v $(abspath $(or $(DATA),$(SAMPLE_DATA))):/data:ro -e SSH_PUBLIC_KEY="$$key" $(IMAGE) >/dev/null && \
+		-v $(abspath $(or $(DATA),$(SAMPLE_DATA))):/data:ro -v torchlab-workspace:/workspace \
+		-v torchlab-ssh-host-keys:/etc/ssh/host_keys -e SSH_PUBLIC_KEY="$$key" $(IMAGE) >/dev/null && \
 	for i in $$(seq 120); do \
-		token=$$($(DOCKER) logs $$name 2>&1 | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p' | head -n1); \
-		[ -n "$$token" ] && break; sleep 1; \
+		$(DOCKER) exec $$name sh -c 'test -e /run/torchlab/services && torchlab-healthcheck' 2>/dev/null && break; \
+		sleep 1; \
 	done; \
+	token=$$($(DOCKER) logs $$name 2>&1 | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p' | head -n1); \
 	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tree?token=$$token"; \
 	echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"; \
 	echo "Stop:    $(DOCKER) rm -f $$name"
