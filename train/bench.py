@@ -263,29 +263,37 @@ def private_dirty_bytes():
     return int(fields["Private_Dirty"].split()[0]) * 1024
 
 
-def worker_memory_growth(dataset_index, epochs=1):
-    """Bytes a forked process (as a loader worker is) gains per epoch reading every sample's index entry."""
+def memory_growth_in_a_fork(read):
+    """Private memory that a forked child (as a loader worker is) gains by calling read()."""
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
 
-    # The sampler's orders are made in the main process, as loader.EpochSampler's are.
-    orders = [np.random.default_rng(epoch).permutation(len(dataset_index)) for epoch in range(epochs)]
-
-    def read_epochs():
+    def child():
         gc.disable()  # measure the reads, not a collection walking the parent's objects
         before = private_dirty_bytes()
-        for order in orders:
-            for position in order:  # what ImageDataset reads of each sample before decoding it
-                dataset_index.source(position)
-                int(dataset_index.labels[position])
-        sender.send((private_dirty_bytes() - before) / epochs)
+        read()
+        sender.send(private_dirty_bytes() - before)
 
     gc.collect()
-    process = context.Process(target=read_epochs)
+    process = context.Process(target=child)
     process.start()
     growth = receiver.recv()
     process.join()
     return growth
+
+
+def worker_memory_growth(dataset_index, epochs=1):
+    """Bytes a forked process (as a loader worker is) gains per epoch reading every sample's index entry."""
+    # The sampler's orders are made in the main process, as loader.EpochSampler's are.
+    orders = [np.random.default_rng(epoch).permutation(len(dataset_index)) for epoch in range(epochs)]
+
+    def read_epochs():
+        for order in orders:
+            for position in order:  # what ImageDataset reads of each sample before decoding it
+                dataset_index.source(position)
+                int(dataset_index.labels[position])
+
+    return memory_growth_in_a_fork(read_epochs) / epochs
 
 
 def memory_measurements(prepared_root):

@@ -1,14 +1,13 @@
 """loader.py: CPU counting, the resumable sharded sampler, uint8 batches, and worker memory."""
 
 import argparse
-import gc
-import multiprocessing
 import os
 
 import numpy as np
 import pytest
 import torch
 
+import bench
 import data
 import loader
 
@@ -121,31 +120,6 @@ def test_workers_yield_the_same_batches_as_the_main_process(sample_set):
     assert not torch.equal(in_main_process[0][0], epoch_batches(0, epoch=2)[0][0])
 
 
-def private_dirty_bytes():
-    with open("/proc/self/smaps_rollup") as smaps:
-        fields = dict(line.split(":", 1) for line in smaps if line.startswith("Private_Dirty"))
-    return int(fields["Private_Dirty"].split()[0]) * 1024
-
-
-def memory_growth_of_reading_in_a_fork(read_every_path):
-    """Private memory that a forked child (as a DataLoader worker is) gains by reading every path."""
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-
-    def child():
-        gc.disable()  # measure the reads, not a collection walking the parent's objects
-        before = private_dirty_bytes()
-        read_every_path()
-        sender.send(private_dirty_bytes() - before)
-
-    gc.collect()
-    process = context.Process(target=child)
-    process.start()
-    growth = receiver.recv()
-    process.join()
-    return growth
-
-
 def test_worker_memory_does_not_grow_with_the_number_of_samples():
     count = 200_000
     paths = [f"/data/train/n{number % 1000:08d}/n{number % 1000:08d}_{number}.JPEG" for number in range(count)]
@@ -159,8 +133,8 @@ def test_worker_memory_does_not_grow_with_the_number_of_samples():
         for position in range(count):
             paths[position].encode()
 
-    compact_growth = memory_growth_of_reading_in_a_fork(read_index)
-    list_growth = memory_growth_of_reading_in_a_fork(read_list)
+    compact_growth = bench.memory_growth_in_a_fork(read_index)
+    list_growth = bench.memory_growth_in_a_fork(read_list)
 
     # A list of str copies every page of its ~200k objects into the reader (~10 MB and more); the index none.
     assert list_growth > 8 * 2**20, "the measurement no longer sees copy-on-write"
