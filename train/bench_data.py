@@ -16,7 +16,6 @@ import functools
 import math
 import multiprocessing
 import os
-import sys
 
 import numpy as np
 from PIL import Image
@@ -110,12 +109,9 @@ def main(argv=None):
     parser.add_argument("--images", type=int, default=2000, help="training images (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: 0)")
     args = parser.parse_args(argv)
-    try:
-        written = write_bench_data(args.out_dir, args.images, args.seed)
-    except FileExistsError as error:
-        print(f"bench_data.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    print(f"{'wrote' if written else 'already complete:'} {args.out_dir}")
+    sample_data.report_written(
+        "bench_data.py", args.out_dir, lambda: write_bench_data(args.out_dir, args.images, args.seed)
+    )
 
 
 if __name__ == "__main__":

@@ -110,12 +110,21 @@ def main(argv=None):
     for name, minimum in minimums.items():
         if getattr(args, name) < minimum:
             parser.error(f"--{name.replace('_', '-')}: expected an integer >= {minimum}, got {getattr(args, name)}")
+    report_written(
+        "sample_data.py",
+        args.out_dir,
+        lambda: write_sample_data(args.out_dir, args.classes, args.per_class, args.val_per_class, args.seed),
+    )
+
+
+def report_written(prog, out_dir, write):
+    """Run write() (which publishes out_dir atomically) and say what it did; a clash is one line and exit 2."""
     try:
-        written = write_sample_data(args.out_dir, args.classes, args.per_class, args.val_per_class, args.seed)
+        written = write()
     except FileExistsError as error:
-        print(f"sample_data.py: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    print(f"{'wrote' if written else 'already complete:'} {args.out_dir}")
+    print(f"{'wrote' if written else 'already complete:'} {out_dir}")
 
 
 if __name__ == "__main__":
