@@ -6,6 +6,7 @@ Everything here runs before train.py writes anything: a bad value is one line on
 import argparse
 import math
 import os
+import shutil
 import sys
 
 import torch
@@ -21,7 +22,9 @@ DEFAULT_PREFETCH_FACTOR = 4
 
 
 def exit_with_usage_error(message):
-    """Bad input: one line on stderr and exit code 2, argparse's convention."""
+    """Bad input: one line on stderr and exit code 2, argparse's convention. Control characters in what the
+    user typed (a newline, say) are shown escaped, so the line stays one line."""
+    message = "".join(char if char.isprintable() else repr(char)[1:-1] for char in message)
     print(f"{PROG}: error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -33,9 +36,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
         exit_with_usage_error(f"{message} (see --help)")
 
 
-def number(kind, minimum, *, above=False, below=None):
-    """An argparse type: a finite `kind` (int or float) >= minimum (> when `above`), < `below` when given."""
+def number(kind, minimum, *, above=False, below=None, at_most=None):
+    """An argparse type: a finite `kind` (int or float) >= minimum (> when `above`), < `below` and
+    <= `at_most` when given."""
     bounds = [f"{'>' if above else '>='} {minimum}"] + ([f"< {below}"] if below is not None else [])
+    bounds += [f"<= {at_most}"] if at_most is not None else []
     expected = f"{'an integer' if kind is int else 'a number'} {' and '.join(bounds)}"
 
     def parse(text):
@@ -43,8 +48,10 @@ def number(kind, minimum, *, above=False, below=None):
             value = kind(text)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and (value > minimum if above else value >= minimum)) or (
-            below is not None and value >= below
+        if (
+            not (math.isfinite(value) and (value > minimum if above else value >= minimum))
+            or (below is not None and value >= below)
+            or (at_most is not None and value > at_most)
         ):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
@@ -57,6 +64,11 @@ non_negative_int = number(int, 0)
 positive_float = number(float, 0, above=True)
 non_negative_float = number(float, 0)
 fraction = number(float, 0, below=1)
+# Bounds where larger values only overflow: float32 steps, and the seeds of every RNG (numpy's are 32-bit).
+step_size = number(float, 0, above=True, at_most=1000)
+decay = number(float, 0, at_most=1000)
+seed = number(int, 0, below=2**32)
+image_size = number(int, 0, above=True, at_most=4096)
 
 
 def worker_count(text):
@@ -87,7 +99,7 @@ def build_parser():
         help="share of the images held out for validation when --data has no val/ folder (default: 0.1)",
     )
     data.add_argument(
-        "--image-size", type=positive_int, default=224, help="side of the square network input, px (default: 224)"
+        "--image-size", type=image_size, default=224, help="side of the square network input, px (default: 224)"
     )
     data.add_argument(
         "--max-bad-images",
@@ -187,13 +199,13 @@ def build_parser():
     )
     optimisation.add_argument(
         "--lr",
-        type=positive_float,
+        type=step_size,
         default=None,
         help="peak learning rate (default: 0.1 for sgd, 0.001 for adamw, each x batch size x processes / 256)",
     )
     optimisation.add_argument("--momentum", type=fraction, default=0.9, help="SGD momentum (default: 0.9)")
     optimisation.add_argument(
-        "--weight-decay", type=non_negative_float, default=1e-4, help="weight decay of all parameters (default: 1e-4)"
+        "--weight-decay", type=decay, default=1e-4, help="weight decay of all parameters (default: 1e-4)"
     )
     optimisation.add_argument(
         "--warmup-epochs",
@@ -227,9 +239,7 @@ def build_parser():
     run.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if present (default: auto)"
     )
-    run.add_argument(
-        "--seed", type=non_negative_int, default=0, help="seeds init, split, order, augmentation (default: 0)"
-    )
+    run.add_argument("--seed", type=seed, default=0, help="seeds init, split, order, augmentation (default: 0)")
     run.add_argument(
         "--log-interval", type=positive_int, default=50, help="steps between progress lines and records (default: 50)"
     )
@@ -278,6 +288,10 @@ def parse_args(argv=None, processes=None):
     args = build_parser().parse_args(argv)
     if args.arch not in model.classification_model_names():
         exit_with_usage_error(f"--arch {args.arch}: not a torchvision classification model (e.g. resnet18, resnet50)")
+    if args.warmup_epochs > args.epochs:
+        exit_with_usage_error(f"--warmup-epochs {args.warmup_epochs}: expected at most --epochs ({args.epochs})")
+    if args.compile and not shutil.which(os.environ.get("CXX", "g++")):
+        exit_with_usage_error("--compile: torch.compile needs a C++ compiler (g++, or $CXX) and none is on PATH")
     if args.weights is not None and not os.path.isfile(args.weights):
         exit_with_usage_error(f"--weights {args.weights}: no such file")
     args.device = resolve_device(args.device, processes)

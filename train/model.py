@@ -1,5 +1,6 @@
 """The network: any torchvision classification model by name, from scratch or from a local weights file."""
 
+import copy
 import pickle
 
 import torch
@@ -10,12 +11,28 @@ class WeightsError(ValueError):
     """--weights names a file that cannot be used: reported as one line, exit code 2."""
 
 
+class ModelInputError(ValueError):
+    """The model cannot train on --image-size x --batch-size: reported as one line, exit code 2."""
+
+
 def classification_model_names():
     return torchvision.models.list_models(module=torchvision.models)
 
 
 def build_model(arch, num_classes):
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+
+
+def check_trainable(model, batch_size, image_size):
+    """One training-mode forward pass of a copy on zeros; raises ModelInputError if the model cannot train
+    on this input (too small an image for its downsampling, or batch norm over a
+    single value per channel at --batch-size 1). Two images stand for any larger batch."""
+    probe = copy.deepcopy(model).train()
+    try:
+        with torch.no_grad():
+            probe(torch.zeros(min(batch_size, 2), 3, image_size, image_size))
+    except (RuntimeError, ValueError) as error:
+        raise ModelInputError(str(error).strip().splitlines()[0]) from None
 
 
 def load_weights(model, path):

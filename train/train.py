@@ -257,6 +257,13 @@ def main(argv=None):
         network = None
         if not args.loader_only:
             network = model.build_model(args.arch, len(class_names))
+            try:
+                model.check_trainable(network, args.batch_size, args.image_size)
+            except model.ModelInputError as error:
+                cli.exit_with_usage_error(
+                    f"--arch {args.arch} cannot train on --image-size {args.image_size} with --batch-size "
+                    f"{args.batch_size}: {error}"
+                )
             if args.weights is not None:
                 kept = model.load_weights(network, args.weights)
                 if processes.is_main:

@@ -49,6 +49,11 @@ def make_layout(root, layout):
         ((), ("--arch", "resnet_nonexistent"), "--arch resnet_nonexistent: not a torchvision classification model"),
         ((), ("--weights", "missing.pth"), "--weights missing.pth: no such file"),
         ((), ("--resume", "missing.pt"), "--resume missing.pt: expected auto, none or a checkpoint file"),
+        # Found by test_generated_flags.py: values that used to end in a traceback.
+        ((), ("--seed", str(2**64)), "argument --seed: expected an integer >= 0 and < 4294967296"),
+        ((), ("--lr", "1e308"), "argument --lr: expected a number > 0 and <= 1000"),
+        ((), ("--image-size", "100000"), "argument --image-size: expected an integer > 0 and <= 4096"),
+        ((), ("--epochs", "2", "--warmup-epochs", "1e308"), "--warmup-epochs 1e+308: expected at most --epochs (2)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, signal_handlers_restored, layout, flags, message):
@@ -72,4 +77,35 @@ def test_too_few_images_for_one_batch(tmp_path, capsys, sample_set, signal_handl
 
     assert exit_info.value.code == 2
     assert "make no full batch of --batch-size 1000" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_that_cannot_train_on_the_input_is_refused_before_the_run(
+    tmp_path, capsys, sample_set, signal_handlers_restored
+):
+    # resnet18 downsamples 32 px to 1 x 1: batch norm then sees one value per channel at --batch-size 1.
+    run_dir = tmp_path / "run"
+    flags = ("--arch", "resnet18", "--image-size", "32", "--batch-size", "1", "--device", "cpu")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--data", str(sample_set), "--run-dir", str(run_dir), *flags])
+
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1
+    assert stderr.startswith("train.py: error: --arch resnet18 cannot train on --image-size 32 with --batch-size 1: ")
+    assert "more than 1 value per channel" in stderr
+    assert not run_dir.exists()
+
+
+def test_compile_without_a_compiler_says_what_is_missing(
+    tmp_path, capsys, sample_set, signal_handlers_restored, monkeypatch
+):
+    monkeypatch.setenv("CXX", "no-such-c++")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--data", str(sample_set), "--run-dir", str(tmp_path / "run"), "--compile"])
+
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: --compile: torch.compile needs a C++ compiler (g++, or $CXX) and none is on PATH\n"
+    )
     assert not (tmp_path / "run").exists()

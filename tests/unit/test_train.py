@@ -160,3 +160,13 @@ def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_pat
         "config.json",
         "metrics.jsonl",
     ]
+
+
+def test_compile_trains_on_the_cpu(sample_set, tmp_path):
+    # torch.compile builds C++ on the CPU: the image has to carry a compiler and Python's headers.
+    run_dir = tmp_path / "run"
+    flags = ("--data", sample_set, "--run-dir", run_dir, "--max-steps", "2", "--workers", "0", *QUICK_RUN)
+    result = run_train(*flags, "--arch", "resnet18", "--image-size", "32", "--compile", timeout=600)
+
+    assert result.returncode == 0, result.stderr
+    assert checkpoint_names(run_dir) == ["checkpoint-00000002.pt"]
