@@ -16,13 +16,17 @@ ARG BASE_IMAGE=python:3.10-slim
 # hadolint ignore=DL3006
 FROM ${MINICONDA_IMAGE} AS env-conda
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# LOCK_FILE (e.g. locks/py310-cu118-0.2.0.conda.yml, from `make export-env`) rebuilds a release
+# exactly; empty means the pins of environment.yml, with the newest matching dependencies.
+ARG LOCK_FILE=
 COPY environment.yml config/envspec.py /tmp/torchlab/
+COPY locks/ /tmp/torchlab/locks/
 # A named env, not the base env; /opt/env points at it so both paths share one prefix.
 RUN --mount=type=secret,id=ca_bundle \
     if [ -f /run/secrets/ca_bundle ]; then \
         export CONDA_SSL_VERIFY=/run/secrets/ca_bundle PIP_CERT=/run/secrets/ca_bundle; \
     fi \
- && conda env create --name torchlab --file /tmp/torchlab/environment.yml \
+ && conda env create --name torchlab --file "/tmp/torchlab/${LOCK_FILE:-environment.yml}" \
  && conda clean --all --yes \
  && ln -s /opt/conda/envs/torchlab /opt/env \
  && /opt/env/bin/python /tmp/torchlab/envspec.py check --cuda 11.8 /tmp/torchlab/environment.yml
@@ -34,13 +38,17 @@ FROM ${BASE_IMAGE} AS env-pypi
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # PyTorch's CUDA 11.8 wheel index; empty means PyPI's default builds.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118
+# As in env-conda: a lock file from `make export-env` (locks/*.pypi.txt) pins every dependency.
+ARG LOCK_FILE=
 COPY environment.yml config/envspec.py /tmp/torchlab/
+COPY locks/ /tmp/torchlab/locks/
 # The venv sees site-packages outside it, as a conda env does: that is what lets
 # `pip install --user` (into /workspace/.local) work at all.
+# Debian's Python when the base has none, with its headers (torch.compile builds against them).
 # hadolint ignore=DL3008
 RUN if ! command -v python3 >/dev/null; then \
         apt-get update \
-     && apt-get install -y --no-install-recommends python3 python3-venv \
+     && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
      && rm -rf /var/lib/apt/lists/*; \
     fi \
  && python3 -m venv --system-site-packages /opt/env
@@ -49,8 +57,9 @@ RUN --mount=type=secret,id=ca_bundle \
     if [ -f /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
  && export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
  && spec=(/tmp/torchlab/envspec.py) env_file=/tmp/torchlab/environment.yml \
- && /opt/env/bin/pip install -r <(python3 "${spec[@]}" requirements rest "$env_file") \
- && /opt/env/bin/pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+ && lock=(${LOCK_FILE:+--constraint "/tmp/torchlab/$LOCK_FILE"}) \
+ && /opt/env/bin/pip install "${lock[@]}" -r <(python3 "${spec[@]}" requirements rest "$env_file") \
+ && /opt/env/bin/pip install "${lock[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
         -r <(python3 "${spec[@]}" requirements torch "$env_file") \
  && cuda="$(case "$TORCH_INDEX_URL" in */cu118*) echo 11.8;; esac)" \
  && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file"
@@ -74,14 +83,15 @@ ENV PATH=/opt/env/bin:/workspace/.local/bin:$PATH \
     LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1
 
-# Services and the tools people use over SSH. Installing openssh-server makes host keys:
-# they are deleted here and made at first start, so no two containers share them.
+# Services and the tools people use over SSH; g++ for torch.compile (and pip builds).
+# Installing openssh-server makes host keys: they are deleted here and made at first
+# start, so no two containers share them.
 # hadolint ignore=DL3008
 RUN --mount=type=secret,id=ca_bundle \
     apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo \
-        ca-certificates git less nano \
+        ca-certificates git less nano g++ \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 
 # The user: docker-stacks' contract (jovyan, UID 1000, GID 100 `users`).
@@ -110,6 +120,7 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/usr/local/bin/torchlab-healthcheck"]
 # OCI metadata; the Makefile passes the version and revision from git.
 ARG VERSION=dev
+ARG LOCK_FILE=
 ARG REVISION=unknown
 ARG SOURCE=unknown
 LABEL org.opencontainers.image.title="torchlab" \
@@ -118,7 +129,8 @@ LABEL org.opencontainers.image.title="torchlab" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.licenses="BSD-3-Clause AND LicenseRef-NVIDIA-CUDA-EULA" \
-      io.torchlab.env-source="${ENV_SOURCE}"
+      io.torchlab.env-source="${ENV_SOURCE}" \
+      io.torchlab.lock-file="${LOCK_FILE}"
 # The entrypoint starts as root to set up the user, keys and sshd, then drops to NB_USER
 # for Jupyter and for any command given; only sshd's listener keeps root (privilege separated).
 ENTRYPOINT ["tini", "-g", "--", "/usr/local/bin/entrypoint.sh"]
