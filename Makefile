@@ -13,7 +13,9 @@ SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
 BENCH_IMAGES ?= 2000## images generated (once, into .cache/bench) for `make bench`
 TRAIN_ARGS ?=## train.py flags of `make multinode`, e.g. "--arch resnet18 --epochs 1"
 
-VERSION ?= $(or $(shell git describe --tags --always --dirty 2>/dev/null),dev)## version in labels and tags (default: git describe)
+VERSION ?= $(shell cat VERSION)## release version in labels, tags and lock file names (default: the VERSION file)
+LOCK ?=## lock file to rebuild a release exactly, e.g. locks/py311-cu124-0.2.0.pypi.txt (default: none)
+LOCK_DIR ?= locks## where `make export-env` writes the lock file
 REGISTRY ?=## registry prefix for `make push`, e.g. ghcr.io/you
 
 SHELL := /bin/bash
@@ -22,7 +24,7 @@ VENV := .venv
 SAMPLE_DATA := .cache/sample-data
 BUILD_ARGS := --build-arg ENV_SOURCE=$(ENV_SOURCE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) \
-	--build-arg VERSION=$(VERSION) --build-arg REVISION=$(shell git rev-parse HEAD 2>/dev/null || echo unknown) \
+	--build-arg LOCK_FILE=$(LOCK) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(shell git rev-parse HEAD 2>/dev/null || echo unknown) \
 	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null || echo unknown)
 
 .DEFAULT_GOAL := help
@@ -100,7 +102,7 @@ tag: ## tag the built image with what is inside, e.g. torchlab:py310-cu118-<vers
 
 push: ## push the image as REGISTRY/IMAGE:<what is inside>-<version> and :latest
 	@[ -n "$(REGISTRY)" ] || { echo "make push: set REGISTRY, e.g. make push REGISTRY=ghcr.io/you" >&2; exit 2; }
-	@tag=$$($(MAKE) -s tag | cut -d: -f2); \
+	@tag=$$($(MAKE) -s tag) && tag=$${tag##*:} && \
 	for t in $$tag latest; do \
 		$(DOCKER) tag $(IMAGE) $(REGISTRY)/$(IMAGE):$$t && $(DOCKER) push $(REGISTRY)/$(IMAGE):$$t || exit 1; \
 	done
@@ -126,14 +128,16 @@ test-unit: ## train/ tests, on the CPU, inside the image
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
 	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE) $(VENV)/bin/pytest -s tests/image
 
-export-env: ## write the env, as built, to environment.lock.yml (conda) or requirements.lock.txt (pypi)
-	@if [ "$(ENV_SOURCE)" = conda ]; then \
-		$(DOCKER) run --rm $(IMAGE) conda env export --name torchlab --no-builds | grep -v '^prefix:' > environment.lock.yml; \
-		echo "wrote environment.lock.yml"; \
+export-env: ## write the built env to LOCK_DIR/<what is inside>-<VERSION>.{conda.yml,pypi.txt}; commit it per release
+	@set -o pipefail; tag=$$($(MAKE) -s tag) && tag=$${tag##*:} && mkdir -p $(LOCK_DIR) && \
+	source=$$($(DOCKER) image inspect -f '{{index .Config.Labels "io.torchlab.env-source"}}' $(IMAGE)) && \
+	if [ "$$source" = conda ]; then \
+		out=$(LOCK_DIR)/$$tag.conda.yml; \
+		$(DOCKER) run --rm --entrypoint conda $(IMAGE) env export --name torchlab --no-builds | grep -v '^prefix:' > $$out.tmp; \
 	else \
-		$(DOCKER) run --rm $(IMAGE) pip freeze --all > requirements.lock.txt; \
-		echo "wrote requirements.lock.txt"; \
-	fi
+		out=$(LOCK_DIR)/$$tag.pypi.txt; \
+		$(DOCKER) run --rm --entrypoint pip $(IMAGE) freeze --all > $$out.tmp; \
+	fi && mv $$out.tmp $$out && echo "wrote $$out" || { rm -f $(LOCK_DIR)/*.tmp; exit 1; }
 
 clean: ## remove the image, stopped test containers, the venv and caches
 	-$(DOCKER) rm -f $$($(DOCKER) ps -aq --filter label=torchlab.test) 2>/dev/null

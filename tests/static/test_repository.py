@@ -61,7 +61,7 @@ def test_production_path_uses_a_pinned_bookworm_miniconda_and_asserts_cuda_11_8(
     tag = re.search(r"^ARG MINICONDA_IMAGE=continuumio/miniconda3:(\S+)$", DOCKERFILE, re.M).group(1)
     version = tuple(int(part) for part in re.split(r"[.-]", tag))
     assert (24, 4, 0, 0) <= version <= (25, 3, 1, 1), f"{tag} is not a Debian bookworm Miniconda"
-    assert "conda env create --name torchlab --file /tmp/torchlab/environment.yml" in DOCKERFILE
+    assert 'conda env create --name torchlab --file "/tmp/torchlab/${LOCK_FILE:-environment.yml}"' in DOCKERFILE
     assert "check --cuda 11.8" in DOCKERFILE
     assert re.search(r"^ARG ENV_SOURCE=conda$", DOCKERFILE, re.M)
 
@@ -85,3 +85,31 @@ def test_code_layers_come_after_every_heavy_layer():
     first_code = min(i for i, line in enumerate(lines) if re.match(r"COPY (train|notebooks|entrypoint\.sh)", line))
     assert not [line for line in lines[first_code:] if line.startswith(("RUN", "FROM"))]
     assert any(line.startswith("FROM env-${ENV_SOURCE}") for line in lines[:first_code])
+
+
+def canonical(name):
+    """A PyPI project name as pip compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def release_locks():
+    version = (ROOT / "VERSION").read_text().strip()
+    return sorted((ROOT / "locks").glob(f"py3*-cu*-{version}.*"))
+
+
+def test_this_release_has_a_lock_file():
+    assert release_locks(), "no locks/<python>-<cuda>-<VERSION>.* file: run `make export-env` and commit it"
+
+
+@pytest.mark.parametrize("lock", release_locks(), ids=lambda path: path.name)
+def test_release_lock_holds_every_pin_of_environment_yml(lock):
+    if lock.suffixes[-2:] == [".conda", ".yml"]:
+        locked = envspec.conda_pins(lock)
+        wanted = envspec.conda_pins(ENVIRONMENT)
+    else:
+        lines = [line for line in lock.read_text().splitlines() if line.strip()]
+        assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==\S+", line) for line in lines), "expected name==version lines"
+        locked = {canonical(name): version.split("+")[0] for name, version in (line.split("==") for line in lines)}
+        wanted = {canonical(name): version for name, version in envspec.pypi_pins(ENVIRONMENT).items()}
+    stale = {name: (version, locked.get(name)) for name, version in wanted.items() if locked.get(name) != version}
+    assert not stale, f"{lock.name} disagrees with environment.yml (pin, lock): {stale}; rerun make export-env"
