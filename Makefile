@@ -95,10 +95,12 @@ bench: ## compare input pipelines (naive, classic, torchlab, prepared) with ceil
 		-v $(CURDIR)/.cache/bench:/cache --entrypoint python $(IMAGE) \
 		/opt/torchlab/train/bench.py --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
 
+# What is inside the image, e.g. py310-cu118: the start of its tags and lock file names.
+INSIDE = $(DOCKER) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \
+	print("py%d%d-cu%s" % (*sys.version_info[:2], (torch.version.cuda or "cpu").replace(".", "")))'
+
 tag: ## tag the built image with what is inside, e.g. torchlab:py310-cu118-<version>
-	@tag=$$($(DOCKER) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \
-		print("py%d%d-cu%s" % (*sys.version_info[:2], (torch.version.cuda or "cpu").replace(".", "")))')-$(VERSION); \
-	$(DOCKER) tag $(IMAGE) $(IMAGE):$$tag && echo "$(IMAGE):$$tag"
+	@tag=$$($(INSIDE))-$(VERSION) && $(DOCKER) tag $(IMAGE) $(IMAGE):$$tag && echo "$(IMAGE):$$tag"
 
 push: ## push the image as REGISTRY/IMAGE:<what is inside>-<version> and :latest
 	@[ -n "$(REGISTRY)" ] || { echo "make push: set REGISTRY, e.g. make push REGISTRY=ghcr.io/you" >&2; exit 2; }
@@ -129,7 +131,7 @@ test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HT
 	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE) $(VENV)/bin/pytest -s tests/image
 
 export-env: ## write the built env to LOCK_DIR/<what is inside>-<VERSION>.{conda.yml,pypi.txt}; commit it per release
-	@set -o pipefail; tag=$$($(MAKE) -s tag) && tag=$${tag##*:} && mkdir -p $(LOCK_DIR) && \
+	@set -o pipefail; tag=$$($(INSIDE))-$(VERSION) && mkdir -p $(LOCK_DIR) && \
 	source=$$($(DOCKER) image inspect -f '{{index .Config.Labels "io.torchlab.env-source"}}' $(IMAGE)) && \
 	if [ "$$source" = conda ]; then \
 		out=$(LOCK_DIR)/$$tag.conda.yml; \

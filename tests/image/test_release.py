@@ -3,6 +3,7 @@
 
 import json
 import re
+import shutil
 import socket
 import subprocess
 import urllib.request
@@ -61,6 +62,7 @@ def registry(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+        shutil.rmtree(tmp_path / "storage", ignore_errors=True)  # gigabytes; pytest keeps its last tmp dirs
 
 
 def test_make_push_publishes_the_image_under_what_is_inside_and_latest(registry):
