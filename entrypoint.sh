@@ -99,6 +99,12 @@ if [ -n "$SSH_PUBLIC_KEY" ]; then
 fi
 unset PUBLIC_KEY
 
+# From here the healthcheck expects the services (until they answer, unhealthy); a container
+# given a command of its own runs none, and has nothing to check.
+if [ $# -eq 0 ]; then
+    mkdir -p /run/torchlab && touch /run/torchlab/services
+fi
+
 # ---------------------------------------------------------------- 2. the user
 # Files written to /workspace should belong to the person on the host: with no NB_UID
 # given, a /workspace owned by a non-root user is adopted.
@@ -248,8 +254,6 @@ if [ $# -gt 0 ]; then
 fi
 cd /workspace
 
-mkdir -p /run/torchlab
-touch /run/torchlab/services
 /usr/sbin/sshd -D -e -o "Port=$SSH_PORT" &
 sshd_pid=$!
 "${as_user[@]}" jupyter notebook --ServerApp.port="$JUPYTER_PORT" &

@@ -127,6 +127,19 @@ def test_healthcheck_follows_both_services(containers):
     assert container.exec("env", "JUPYTER_PORT=1", "torchlab-healthcheck", check=False).returncode != 0
 
 
+def test_healthcheck_fails_until_the_services_answer(containers, tmp_path):
+    # A hook holds the start until the test lets it go: the services are not up, so nor is health.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "10-hold.sh").write_text("while [ ! -e /tmp/go ]; do sleep 0.1; done\n")
+    container = containers.run("-v", f"{hooks}:/usr/local/bin/before-notebook.d:ro", ready=False)
+    wait_for(lambda: "hook: sourcing" in container.logs(), 60, "the start to reach the hook", container.logs)
+
+    assert container.exec("torchlab-healthcheck", check=False).returncode != 0
+    container.exec("touch", "/tmp/go")
+    wait_for(lambda: container.exec("torchlab-healthcheck", check=False).returncode == 0, 60, "the services")
+
+
 def host_keys(container):
     require_tool("ssh-keyscan")
     result = subprocess.run(
