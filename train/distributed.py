@@ -50,7 +50,10 @@ def start(processes, device):
 
 
 def finish(processes):
+    """Leave the process group together: a process that tears its groups down while another is still
+    finishing its last steps can leave that one hanging in destroy_process_group (pytorch/pytorch#75097)."""
     if processes.is_distributed:
+        dist.barrier(group=processes.cpu_group)
         dist.destroy_process_group()
 
 

@@ -312,7 +312,9 @@ def main(argv=None):
         sys.exit(1)
     finally:
         log.close()
-        distributed.finish(processes)
+    # Only after a run every process finished: one that failed leaves the group to torchrun to tear down,
+    # since the others may still be inside a collective.
+    distributed.finish(processes)
 
 
 if __name__ == "__main__":
