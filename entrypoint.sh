@@ -80,6 +80,16 @@ for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START; do
         *) die "$var='${!var}': expected yes or no" ;;
     esac
 done
+# shellcheck disable=SC2043  # CHOWN_EXTRA_OPTS joins it
+for var in CHOWN_HOME_OPTS; do
+    read -ra words <<<"${!var}"
+    for word in "${words[@]}"; do
+        case $word in
+            -R | --recursive | -h | --no-dereference | -c | --changes | -f | --silent | --quiet | -v | --verbose) ;;
+            *) die "$var='${!var}': expected chown options from -R, -h, -c, -f and -v" ;;
+        esac
+    done
+done
 [ -z "$JUPYTER_TOKEN" ] || [ -z "$JUPYTER_PASSWORD" ] ||
     die "JUPYTER_TOKEN and JUPYTER_PASSWORD are both set: expected one of them (or neither, for a random token)"
 [[ $JUPYTER_TOKEN =~ ^[[:graph:]]*$ ]] ||
@@ -137,10 +147,55 @@ run_hooks() {  # DIR: *.sh files are sourced, other executables run; in name ord
 }
 run_hooks /usr/local/bin/start-notebook.d
 
+# A mounted folder holds someone's files: a start never moves, deletes or recursively chowns
+# what is inside a mount point unless that path was named (CHOWN_HOME for the home,
+# CHOWN_EXTRA). mounts_under PATH lists the mount points at or below PATH.
+mounts_under() {
+    local path=${1%/} point
+    while read -r _ _ _ _ point _; do
+        printf -v point '%b' "$point"  # mountinfo writes a space as \040
+        [[ $point == "$path" || $point == "$path"/* ]] && printf '%s\n' "$point"
+    done </proc/self/mountinfo
+}
+# chown_tree OWNER PATH [CHOWN_OPTION...] [-- FIND_TEST...]: chown PATH and what lies below it
+# (and passes the tests), without entering a mount point below PATH.
+chown_tree() {
+    local owner=$1 path point options=() prune=()
+    path=$(realpath -e "$2") && shift 2 || return 1
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do options+=("$1") && shift; done
+    [ $# -eq 0 ] || shift
+    while IFS= read -r point; do
+        [ "$point" = "$path" ] && continue
+        point=${point//\\/\\\\} point=${point//\*/\\*} point=${point//\?/\\?} point=${point//\[/\\[}
+        prune+=(-path "$point" -prune -o)
+    done < <(mounts_under "$path")
+    find "$path" "${prune[@]}" "$@" -exec chown --no-dereference "${options[@]}" "$owner" {} +
+}
+# chown_named OPTIONS OWNER PATH: chown as asked for by name; -R stops at mount points below PATH.
+chown_named() {
+    local words options=() recursive=no word
+    read -ra words <<<"$1"
+    for word in "${words[@]}"; do
+        case $word in -R | --recursive) recursive=yes ;; *) options+=("$word") ;; esac
+    done
+    if [ "$recursive" = yes ]; then
+        chown_tree "$2" "$3" "${options[@]}"
+    else
+        chown "${options[@]}" "$2" "$3"
+    fi
+}
+
 # The image's user is jovyan (1000:100); rename and renumber it as asked.
+old_home=$(getent passwd jovyan | cut -d: -f6 || true)
 if ! id -u "$NB_USER" >/dev/null 2>&1; then
     if [ -e "/home/$NB_USER" ]; then
         usermod --login "$NB_USER" --home "/home/$NB_USER" jovyan
+    elif [ -n "$(mounts_under "$old_home")" ]; then
+        # usermod --move-home copies a home that holds a mount, then deletes the original
+        # through it: the folder stays where it is, and the new name points at it.
+        usermod --login "$NB_USER" jovyan
+        ln -s "$old_home" "/home/$NB_USER"
+        log "NB_USER: renamed jovyan to $NB_USER; the home stays $old_home (it holds mounts), /home/$NB_USER links to it"
     else
         usermod --login "$NB_USER" --home "/home/$NB_USER" --move-home jovyan
     fi
@@ -148,12 +203,22 @@ fi
 if ! getent group "$NB_GID" >/dev/null; then
     groupadd --gid "$NB_GID" "$NB_USER"
 fi
-[ "$(id -g "$NB_USER")" = "$NB_GID" ] || usermod --gid "$NB_GID" "$NB_USER"
-[ "$(id -u "$NB_USER")" = "$NB_UID" ] || usermod --uid "$NB_UID" --non-unique "$NB_USER"
 HOME_DIR=$(getent passwd "$NB_USER" | cut -d: -f6)
+old_uid=$(id -u "$NB_USER")
+if [ "$old_uid" != "$NB_UID" ] || [ "$(id -g "$NB_USER")" != "$NB_GID" ]; then
+    # Not usermod --uid: it chowns the home's files itself, through any mount below it. The
+    # image's own files in the home follow the new IDs; what is mounted keeps its owners.
+    userdel "$NB_USER" 2>/dev/null  # it warns that a group named after the user stays: it should
+    useradd --no-create-home --no-log-init --non-unique --home-dir "$HOME_DIR" --shell /bin/bash \
+        --uid "$NB_UID" --gid "$NB_GID" --password '*' "$NB_USER"
+    if mountpoint -q "$HOME_DIR"; then
+        log "the home $HOME_DIR is a mount: its files keep their owners (CHOWN_HOME=yes chowns it)"
+    else
+        chown_tree "$NB_UID:$NB_GID" "$HOME_DIR" -- -user "$old_uid"
+    fi
+fi
 if [ "$CHOWN_HOME" = yes ]; then
-    # shellcheck disable=SC2086  # CHOWN_HOME_OPTS holds options such as -R
-    chown $CHOWN_HOME_OPTS "$NB_UID:$NB_GID" "$HOME_DIR"
+    chown_named "$CHOWN_HOME_OPTS" "$NB_UID:$NB_GID" "$HOME_DIR"
 fi
 if [ "$GRANT_SUDO" = yes ]; then
     printf '%s ALL=(ALL) NOPASSWD:ALL\n' "$NB_USER" >/etc/sudoers.d/torchlab
