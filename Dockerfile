@@ -73,11 +73,12 @@ ARG ENV_SOURCE
 # owner) from a value, and defaults them to 1000 and 100.
 # What users install themselves lands on the /workspace volume and outlives the container:
 # `pip install --user` (PYTHONUSERBASE), conda envs (CONDA_ENVS_PATH), Jupyter kernels
-# installed with `--prefix /workspace/.local` (JUPYTER_PATH).
+# installed with `--prefix /workspace/.local` (JUPYTER_PATH); train.py's runs (TORCHLAB_RUNS).
 ENV PATH=/opt/env/bin:/workspace/.local/bin:$PATH \
     PYTHONUSERBASE=/workspace/.local \
     CONDA_ENVS_PATH=/workspace/.conda/envs \
     JUPYTER_PATH=/workspace/.local/share/jupyter \
+    TORCHLAB_RUNS=/workspace/runs \
     TORCHLAB_ENV_SOURCE=${ENV_SOURCE} \
     NB_USER=jovyan \
     LANG=C.UTF-8 \
@@ -97,10 +98,24 @@ RUN --mount=type=secret,id=ca_bundle \
 # The user: docker-stacks' contract (jovyan, UID 1000, GID 100 `users`).
 # `*` rather than the locked `!` password: no password login, yet sshd (without PAM)
 # still accepts keys for the account.
+# Starts as a user (--user, runAsNonRoot, OpenShift's arbitrary UIDs with GID 0): group 0 may
+# write /etc/passwd, to add an entry for its UID (a root start takes that back), and /run/torchlab
+# is writable. So that a passwd entry cannot be turned into root, no program keeps its setuid bit
+# but sudo, which obeys only the sudoers files (GRANT_SUDO, root starts alone). `ssh host CMD`
+# reads /etc/bash.bashrc before its interactive-only guard: the session's environment goes first.
+# hadolint ignore=SC2016
 RUN useradd --create-home --shell /bin/bash --uid 1000 --gid 100 --password '*' jovyan \
  && mkdir -p /workspace /etc/ssh/host_keys \
         /usr/local/bin/start-notebook.d /usr/local/bin/before-notebook.d \
- && chown 1000:100 /workspace
+ && chown 1000:100 /workspace \
+ && chgrp 0 /etc/passwd && chmod 0664 /etc/passwd \
+ && install -d -m 1777 /run/torchlab \
+ && find / -xdev -perm -4000 -type f ! -path /usr/bin/sudo -exec chmod u-s {} + \
+ && sed -i '1i [ -n "${TORCHLAB_SESSION_ENV:-}" ] || [ -z "${SSH_CONNECTION:-}" ] || . /etc/profile.d/torchlab.sh' \
+        /etc/bash.bashrc \
+ && printf 'Defaults secure_path="/opt/env/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n' \
+        >/etc/sudoers.d/secure-path \
+ && chmod 0440 /etc/sudoers.d/secure-path
 
 COPY config/sshd_config /etc/ssh/sshd_config
 COPY config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
@@ -133,5 +148,6 @@ LABEL org.opencontainers.image.title="torchlab" \
       io.torchlab.lock-file="${LOCK_FILE}"
 # The entrypoint starts as root to set up the user, keys and sshd, then drops to NB_USER
 # for Jupyter and for any command given; only sshd's listener keeps root (privilege separated).
+# Started as a user (--user), it runs everything, sshd included, as that user.
 ENTRYPOINT ["tini", "-g", "--", "/usr/local/bin/entrypoint.sh"]
 CMD []

@@ -6,7 +6,8 @@ the SSH public key are files of a Secret. k8s/train/, one torchrun job over seve
 docker-compose.multinode.yml runs it over two containers: an Indexed Job (pod i is torchrun's node i), the
 headless Service that gives its pods DNS names (the store on pod 0), and a ReadWriteMany claim for the shared
 run directory. Both read /data from an existing claim (values' data_claim), read-only, give /dev/shm an
-in-memory emptyDir, and keep only the capabilities README.md lists.
+in-memory emptyDir, and start as the image's user with no capability (Pod Security "restricted"): the entrypoint
+then runs Jupyter and sshd as that user, and fsGroup gives each claim to its group.
 
 Each object is one JSON file (JSON is YAML; kubectl takes it), and the same values always give the same bytes:
 edit values.json and rerun this, never the rendered files (tests/static/test_k8s.py compares them).
@@ -63,21 +64,21 @@ def shared_mounts(values):
     ]
 
 
-def security_context(capabilities):
-    return {"capabilities": {"drop": ["ALL"], "add": capabilities}, "seccompProfile": {"type": "RuntimeDefault"}}
-
-
-def owner_init_container(values, volume_name, mount_path):
-    """Hands a new volume (root's) to the image's user before the entrypoint runs, as runs-owner does in compose."""
+def pod_security_context(values):
+    """The pod starts as the image's user (runAsNonRoot); claims are made writable for its group. OnRootMismatch
+    leaves files alone once a claim is the group's, so the SSH host keys it holds stay private (0600)."""
     user = values["user"]
     return {
-        "name": f"{volume_name}-owner",
-        "image": values["image"],
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["chown", f"{user['uid']}:{user['gid']}", mount_path],
-        "securityContext": security_context(["CHOWN"]),
-        "volumeMounts": [{"name": volume_name, "mountPath": mount_path}],
+        "runAsNonRoot": True,
+        "runAsUser": user["uid"],
+        "runAsGroup": user["gid"],
+        "fsGroup": user["gid"],
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def gpu_limits(count):
@@ -85,13 +86,13 @@ def gpu_limits(count):
 
 
 def torchlab_container(values, name, volume_mounts, **fields):
-    """The image under its own entrypoint (tini, user set-up), as root with the README's capabilities."""
+    """The image under its own entrypoint (tini, the user's passwd entry, host keys), as the user."""
     return {
         "name": name,
         "image": values["image"],
         "imagePullPolicy": "IfNotPresent",
         **fields,
-        "securityContext": security_context(values["capabilities"]),
+        "securityContext": CONTAINER_SECURITY_CONTEXT,
         "volumeMounts": [*volume_mounts, *shared_mounts(values)],
     }
 
@@ -123,14 +124,14 @@ def dev_manifests(values):
         },
     )
     pod_spec = {
-        "initContainers": [owner_init_container(values, "workspace", mounts["workspace"])],
+        "securityContext": pod_security_context(values),
         "containers": [container],
         # Time for a train.py started over SSH to checkpoint (README: `docker stop -t 60`).
         "terminationGracePeriodSeconds": values["stop_grace_period_s"],
         "volumes": [
             claim_volume("workspace", workspace_claim),
             claim_volume("ssh-host-keys", host_keys_claim),
-            {"name": "secrets", "secret": {"secretName": secret["name"], "items": secret_files, "defaultMode": 0o400}},
+            {"name": "secrets", "secret": {"secretName": secret["name"], "items": secret_files, "defaultMode": 0o440}},
             *shared_volumes(values),
         ],
     }
@@ -202,7 +203,7 @@ def train_manifests(values):
         # Pod i is <job>-i.<job>: the headless Service of the same name gives it that DNS name.
         "subdomain": job_name,
         "restartPolicy": "Never",
-        "initContainers": [owner_init_container(values, "runs", runs_path(values))],
+        "securityContext": pod_security_context(values),
         "containers": [container],
         "terminationGracePeriodSeconds": values["stop_grace_period_s"],
         "volumes": [claim_volume("runs", runs_claim), *shared_volumes(values)],

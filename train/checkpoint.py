@@ -41,13 +41,13 @@ def fsync_directory(path):
         os.close(descriptor)
 
 
-def save_atomically(state, path):
-    """torch.save(state) to `path` so that `path` holds either the old file or the whole new one."""
+def write_atomically(path, write):
+    """write(file) into `path` so that `path` holds either the old file or the whole new one."""
     directory = os.path.dirname(path) or "."
     temp_path = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}{TEMP_SUFFIX}")
     try:
         with open(temp_path, "wb") as temp_file:
-            torch.save(state, temp_file)
+            write(temp_file)
             temp_file.flush()
             os.fsync(temp_file.fileno())
         os.replace(temp_path, path)
@@ -56,6 +56,11 @@ def save_atomically(state, path):
             os.unlink(temp_path)
         raise
     fsync_directory(directory)
+
+
+def save_atomically(state, path):
+    """torch.save(state) to `path` so that `path` holds either the old file or the whole new one."""
+    write_atomically(path, lambda temp_file: torch.save(state, temp_file))
 
 
 def remove_old_checkpoints(run_dir, keep):

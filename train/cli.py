@@ -19,6 +19,8 @@ import model
 
 PROG = "train.py"
 DEFAULT_PREFETCH_FACTOR = 4
+# Runs outlive the container on the /workspace volume, where Jupyter shows them (the image sets it).
+DEFAULT_RUN_DIR = os.path.join(os.environ.get("TORCHLAB_RUNS", "runs"), "default")
 
 
 def exit_with_usage_error(message):
@@ -227,8 +229,9 @@ def build_parser():
     run = parser.add_argument_group("run")
     run.add_argument(
         "--run-dir",
-        default="runs/default",
-        help="where config.json, metrics.jsonl and checkpoints go; use one per experiment (default: runs/default)",
+        default=DEFAULT_RUN_DIR,
+        help="where config.json, metrics.jsonl and checkpoints go; use one per experiment (default: %(default)s: "
+        "$TORCHLAB_RUNS/default, which the image sets to the /workspace volume, else runs/default)",
     )
     run.add_argument(
         "--resume",

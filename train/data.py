@@ -34,6 +34,15 @@ RESIZE_REDUCING_GAP = 3.0
 UNREADABLE_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
+def unreadable_reason(source):
+    """Why ImageDataset could not decode `source`, in one line (asked again, for the report of bad images)."""
+    try:
+        load_crop(source, center_crop_box, 8)
+    except UNREADABLE_IMAGE_ERRORS as error:
+        return f"{type(error).__name__}: {error}".replace("\n", " ")
+    return "decoded when read again (a file that changed during the epoch?)"
+
+
 class DataError(ValueError):
     """The data at --data cannot be used: reported as one line, exit code 2."""
 

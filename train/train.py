@@ -26,7 +26,8 @@ import metrics
 import model
 import optim
 
-BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the error when there are too many
+BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the log and in the error when there are too many
+BAD_IMAGES_FILE = "bad_images.txt"  # in the run directory: every unreadable file of the run, with the reason
 
 
 class TooManyBadImages(RuntimeError):
@@ -65,12 +66,46 @@ def stop_reason(stop, args):
     return stop.signal_name or f"--max-steps {args.max_steps}"
 
 
-def check_bad_images(count, examples, epoch, args):
-    if count > args.max_bad_images:
-        raise TooManyBadImages(
-            f"{count} images of epoch {epoch} could not be decoded, more than --max-bad-images "
-            f"{args.max_bad_images}; e.g. {', '.join(examples[:BAD_IMAGE_EXAMPLES]) or '(on other processes)'}"
-        )
+class BadImages:
+    """The unreadable images of a run, as this process met them: the first few are named in the log at the
+    end of each epoch that had any, and all of them, with the reason, in RUN_DIR/bad_images.txt."""
+
+    def __init__(self, index, run_dir, enabled):
+        self.index, self.enabled = index, enabled
+        self.path = os.path.join(run_dir, BAD_IMAGES_FILE)
+        self.reasons = {}  # path -> reason, over the whole run (a resumed run reads the file back)
+        self.this_epoch = []
+        if enabled and os.path.exists(self.path):
+            with open(self.path, encoding="utf-8", errors="replace") as lines:
+                self.reasons = dict(line.rstrip("\n").split("\t", 1) for line in lines if "\t" in line)
+
+    def add(self, positions):
+        for position in positions:
+            path = self.index.path(position)
+            self.this_epoch.append(path)
+            if self.enabled and path not in self.reasons:
+                self.reasons[path] = data.unreadable_reason(self.index.source(position))
+
+    def start_epoch(self):
+        self.this_epoch = []
+
+    def report(self, epoch, log):
+        """Name the first few of this epoch in the log, and write every one of the run to the file."""
+        if self.enabled and self.this_epoch:
+            text = "".join(f"{path}\t{reason}\n" for path, reason in sorted(self.reasons.items()))
+            checkpoint.write_atomically(self.path, lambda file: file.write(text.encode("utf-8", "replace")))
+            named = "; ".join(f"{path} ({self.reasons[path]})" for path in self.this_epoch[:BAD_IMAGE_EXAMPLES])
+            log.print(f"epoch {epoch}: skipped {len(self.this_epoch)} unreadable images: {named}; all in {self.path}")
+
+    def check(self, count, epoch, args, log):
+        """More than --max-bad-images in this epoch (over all processes) stops the run, naming them."""
+        if count > args.max_bad_images:
+            self.report(epoch, log)
+            examples = ", ".join(self.this_epoch[:BAD_IMAGE_EXAMPLES]) or "(on other processes)"
+            raise TooManyBadImages(
+                f"{count} images of epoch {epoch} could not be decoded, more than --max-bad-images "
+                f"{args.max_bad_images}; e.g. {examples}"
+            )
 
 
 def open_run_dir(args, processes, class_names):
@@ -177,21 +212,21 @@ def train(args, network, train_loader, val_loader, device, processes, log, stop)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
     autocast = functools.partial(torch.autocast, device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
     checkpoint_args = (args, network, optimizer, scheduler, scaler)
-    bad_examples = []
+    bad_images = BadImages(train_loader.dataset.index, args.run_dir, enabled=processes.is_main)
     last_save = time.monotonic()
 
     while epoch < args.epochs and not should_stop(stop, global_step, args, processes):
         train_loader.sampler.set_epoch(epoch, skip=step_in_epoch * args.batch_size)
         train_model.train()
         log.start_epoch(epoch, steps_per_epoch, step_in_epoch)
+        bad_images.start_epoch()
         epoch_meter, interval_meter = metrics.Meter(device), metrics.Meter(device)
         stopped = False
         tick = time.perf_counter()
         for host_images, host_labels, unreadable in train_loader:
             for meter in (epoch_meter, interval_meter):
                 meter.add_batch(time.perf_counter() - tick, len(unreadable))
-            if len(unreadable) > 0 and len(bad_examples) < BAD_IMAGE_EXAMPLES:
-                bad_examples += [train_loader.dataset.index.path(position) for position in unreadable.tolist()]
+            bad_images.add(unreadable.tolist())
             # A batch of unreadable images only is skipped (under torchrun the other processes would then
             # wait for its gradients: with shuffled data and --max-bad-images that stays theoretical).
             if len(host_labels) > 0:
@@ -213,7 +248,7 @@ def train(args, network, train_loader, val_loader, device, processes, log, stop)
             if global_step % args.log_interval == 0:
                 record = {"kind": "interval", "epoch": epoch, "step": global_step, **interval_meter.summary(processes)}
                 log.interval({**record, "lr": scheduler.get_last_lr()[0], **metrics.gpu_stats(device)})
-                check_bad_images(epoch_meter.summary(processes)["bad_images"], bad_examples, epoch, args)
+                bad_images.check(epoch_meter.summary(processes)["bad_images"], epoch, args, log)
                 interval_meter = metrics.Meter(device)
             if step_in_epoch < steps_per_epoch and should_stop(stop, global_step, args, processes):
                 stopped = True
@@ -230,7 +265,8 @@ def train(args, network, train_loader, val_loader, device, processes, log, stop)
                 log.print(f"stopped by {stop_reason(stop, args)} at epoch {epoch}, step {global_step}: saved {path}")
             return
         record = {"kind": "epoch", "epoch": epoch, "step": global_step, **epoch_meter.summary(processes)}
-        check_bad_images(record["bad_images"], bad_examples, epoch, args)
+        bad_images.report(epoch, log)
+        bad_images.check(record["bad_images"], epoch, args, log)
         if val_loader is not None:
             record.update(evaluate(forward_model, val_loader, to_device, criterion, autocast, device, processes))
         log.end_epoch({**record, "lr": scheduler.get_last_lr()[0]})

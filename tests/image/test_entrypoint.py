@@ -29,6 +29,13 @@ VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67D
         ({"GRANT_SUDO": "maybe"}, "GRANT_SUDO"),
         ({"JUPYTER_TOKEN": "a", "JUPYTER_PASSWORD": "b"}, "JUPYTER_TOKEN and JUPYTER_PASSWORD"),
         ({"JUPYTER_TOKEN_FILE": "/no/such/file"}, "JUPYTER_TOKEN_FILE"),
+        ({"NB_GROUP": "Team!"}, "NB_GROUP"),
+        ({"NB_GROUP": "users", "NB_GID": "2000"}, "NB_GROUP"),
+        ({"CHOWN_EXTRA": "relative/path"}, "CHOWN_EXTRA"),
+        ({"CHOWN_EXTRA": "/no/such/path"}, "CHOWN_EXTRA"),
+        ({"CHOWN_EXTRA_OPTS": "--reference=/etc/shadow"}, "CHOWN_EXTRA_OPTS"),
+        ({"CHOWN_HOME_OPTS": "-R; rm -rf /"}, "CHOWN_HOME_OPTS"),
+        ({"JUPYTER_ENV_VARS_TO_UNSET": "GOOD,not-a-name"}, "JUPYTER_ENV_VARS_TO_UNSET"),
     ],
 )
 def test_bad_input_stops_before_anything_starts(env, variable):

@@ -2,10 +2,11 @@
 by `docker stop` in the middle of a run."""
 
 import json
+import uuid
 
 import pytest
 
-from conftest import TOKEN, docker, ssh, wait_for
+from conftest import TOKEN, docker, http_status, ssh, wait_for
 
 # Small and quick on 2 CPU cores; the flags are the user's, only the sizes are shrunk.
 SAMPLE_DATA = "python /opt/torchlab/train/sample_data.py /workspace/sample-data"
@@ -57,3 +58,27 @@ def test_docker_stop_lets_a_run_started_over_ssh_checkpoint(containers, ssh_key,
     log = (tmp_path / "home/log.txt").read_text()
     assert "stopped by SIGTERM" in log, log
     assert list((tmp_path / "home/runs/long").glob("checkpoint-*.pt"))
+
+
+def test_default_run_resumes_after_the_container_is_recreated_on_the_volume(containers, ssh_key):
+    volume = "torchlab-test-runs-" + uuid.uuid4().hex[:8]
+    env = {"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]}
+    # The README's command, with the run dir left at its default.
+    command = f"python train.py {TRAIN_FLAGS} --epochs 2 --resume auto"
+    try:
+        first = containers.run("-v", f"{volume}:/workspace", env=env, shm_size="1g")
+        ssh(first, ssh_key[0], SAMPLE_DATA, timeout=300)
+        out = ssh(first, ssh_key[0], command + " --max-steps 3", timeout=600).stdout
+        assert "stopped by --max-steps 3" in out
+        docker("rm", "-f", first.name)
+
+        second = containers.run("-v", f"{volume}:/workspace", env=env, shm_size="1g")
+        out = ssh(second, ssh_key[0], command, timeout=600).stdout
+        assert "resumed from /workspace/runs/default/checkpoint-00000003.pt" in out, out
+        assert "finished --epochs 2" in out
+        # Jupyter, rooted at /workspace, shows the run.
+        url = f"http://127.0.0.1:{second.host_port(8888)}/api/contents/runs/default"
+        assert http_status(url, {"Authorization": f"token {TOKEN}"}) == 200
+    finally:
+        containers.remove_all()
+        docker("volume", "rm", "-f", volume, check=False)

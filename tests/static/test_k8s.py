@@ -1,6 +1,6 @@
 """k8s/: the committed manifests are exactly what k8s/render.py makes of values.json, every one is a valid
 Kubernetes object, and they agree with docker-compose.yml, docker-compose.multinode.yml and README.md on what
-they share (image, ports, /dev/shm, mount paths, secrets, capabilities, nodes, run directory)."""
+they share (image, ports, /dev/shm, mount paths, secrets, nodes, run directory); every pod starts as the user."""
 
 import json
 import os
@@ -122,17 +122,32 @@ def test_multinode_compose_file_agrees_with_the_job():
     user = VALUES["user"]
     chown = ["chown", f"{user['uid']}:{user['gid']}", render.runs_path(VALUES)]
     assert MULTINODE["services"]["runs-owner"]["entrypoint"] == chown
-    assert POD_SPECS["train"]["initContainers"][0]["command"] == chown
 
 
-def test_capabilities_are_the_readmes():
-    readme = (ROOT / "README.md").read_text()
-    assert re.findall(r"--cap-add (\w+)", readme) == VALUES["capabilities"]
-    for pod_spec in POD_SPECS.values():
-        capabilities = main_container(pod_spec)["securityContext"]["capabilities"]
-        assert capabilities == {"drop": ["ALL"], "add": VALUES["capabilities"]}
-        for init in pod_spec["initContainers"]:
-            assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+@pytest.mark.parametrize("component", sorted(POD_SPECS))
+def test_every_pod_starts_as_the_user_under_restricted_pod_security(component):
+    pod_spec = POD_SPECS[component]
+    user = VALUES["user"]
+    pod_context = pod_spec["securityContext"]
+    assert pod_context["runAsNonRoot"] is True
+    assert (pod_context["runAsUser"], pod_context["runAsGroup"], pod_context["fsGroup"]) == (
+        user["uid"],
+        user["gid"],
+        user["gid"],
+    )
+    assert pod_context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "initContainers" not in pod_spec  # nothing starts as root
+    context = main_container(pod_spec)["securityContext"]
+    assert context == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    # The volume types Pod Security "restricted" allows.
+    allowed = {"persistentVolumeClaim", "secret", "emptyDir", "configMap", "projected", "downwardAPI"}
+    for pod_volume in pod_spec["volumes"]:
+        assert set(pod_volume) - {"name"} <= allowed
+
+
+def test_secret_files_are_readable_by_the_users_group():
+    secrets = volume(POD_SPECS["dev"], "secrets")["secret"]
+    assert secrets["defaultMode"] == 0o440
 
 
 @pytest.mark.parametrize("component", sorted(POD_SPECS))

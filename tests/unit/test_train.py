@@ -120,6 +120,12 @@ def test_too_many_unreadable_images_stop_the_run_naming_them(sample_set, tmp_pat
     assert tolerated.returncode == 0, tolerated.stderr
     epoch_record = read_metrics(tmp_path / "tolerated", "epoch")[0]
     assert epoch_record["bad_images"] == 3 and "bad images 3" in tolerated.stdout
+    # Named with the reason: the first few in the log, every one in bad_images.txt.
+    assert "epoch 0: skipped 3 unreadable images: " in tolerated.stdout
+    assert all(f"{path} (" in tolerated.stdout for path in broken)
+    listed = (tmp_path / "tolerated" / "bad_images.txt").read_text().splitlines()
+    assert sorted(line.split("\t")[0] for line in listed) == sorted(str(path) for path in broken)
+    assert all("truncated" in line.split("\t")[1] or "OSError" in line.split("\t")[1] for line in listed)
 
     stopped = run_train(*run_flags, "--run-dir", tmp_path / "stopped", "--max-bad-images", "2")
     assert stopped.returncode == 1

@@ -1,0 +1,100 @@
+"""Starts without root: `docker run --user` as Kubernetes runAsNonRoot, OpenShift's arbitrary UIDs
+(GID 0) and rootless Podman start the image. Jupyter and sshd run as that UID."""
+
+import os
+import uuid
+
+import pytest
+
+from conftest import IMAGE, TOKEN, docker, http_status, ssh
+
+TORCH_IMPORTS = "python -c 'import torch; print(torch.__version__)'"
+
+
+def processes(container):
+    """(uid, command) of every process in the container."""
+    rows = container.exec("ps", "-e", "-o", "uid=,args=").stdout.splitlines()
+    return [
+        (int(row.split(None, 1)[0]), row.split(None, 1)[1])
+        for row in rows
+        if not row.strip().endswith("ps -e -o uid=,args=")
+    ]
+
+
+def check_services(container, key, uid):
+    port = container.host_port(8888)
+    assert http_status(f"http://127.0.0.1:{port}/api/status", {"Authorization": f"token {TOKEN}"}) == 200
+    assert http_status(f"http://127.0.0.1:{port}/api/status") == 403
+    out = ssh(container, key, f"id -u; {TORCH_IMPORTS}").stdout.split()
+    assert out[0] == str(uid) and out[1].startswith("2.")
+    assert {owner for owner, _ in processes(container)} == {uid}, processes(container)
+    assert any("sshd" in command for _, command in processes(container))
+    docker("stop", "-t", "5", container.name, timeout=30)
+    assert container.state()["ExitCode"] == 0
+
+
+def test_arbitrary_uid_with_gid_0(containers, ssh_key, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.chown(workspace, 1010, 0)
+    container = containers.run("--user", "1010:0", "-v", f"{workspace}:/workspace",
+                               env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]})  # fmt: skip
+    assert "UID 1010 had no passwd entry: it is now jovyan" in container.logs()
+    assert ssh(container, ssh_key[0], "id -un; echo $HOME; git --version").stdout.split()[:2] == [
+        "jovyan",
+        "/workspace",
+    ]
+    assert (workspace / "notebooks").stat().st_uid == 1010
+    check_services(container, ssh_key[0], 1010)
+
+
+def test_image_uid_with_users_group_and_a_read_only_root(containers, ssh_key):
+    volume = "torchlab-test-ro-" + uuid.uuid4().hex[:8]
+    tmpfs = ["--tmpfs", "/run/torchlab:uid=1000,gid=100", "--tmpfs", "/tmp:mode=1777",
+             "--tmpfs", "/home/jovyan:uid=1000,gid=100"]  # fmt: skip
+    try:
+        container = containers.run("--user", "1000:100", "--read-only", *tmpfs, "-v", f"{volume}:/workspace",
+                                   env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]})  # fmt: skip
+        assert "host keys in /home/jovyan/.ssh/host_keys" in container.logs()
+        check_services(container, ssh_key[0], 1000)
+    finally:
+        containers.remove_all()
+        docker("volume", "rm", "-f", volume, check=False)
+
+
+def test_what_needs_root_is_skipped_one_line_each():
+    env = {"GRANT_SUDO": "yes", "NB_UID": "1234", "CHOWN_HOME": "yes", "NB_GROUP": "team", "NB_USER": "kitten"}
+    env_args = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
+    result = docker("run", "--rm", "--user", "1000:100", *env_args, IMAGE, "id")
+    assert result.stdout.strip() == "uid=1000(jovyan) gid=100(users) groups=100(users)"
+    skipped = [line for line in result.stderr.splitlines() if ": skipped, " in line]
+    assert [line.split(":")[1].strip() for line in skipped] == [
+        "NB_USER=kitten", "NB_UID/NB_GID", "NB_GROUP", "GRANT_SUDO", "CHOWN_HOME/CHOWN_EXTRA",
+    ]  # fmt: skip
+    assert all("root start" in line for line in skipped)
+
+
+def test_no_setuid_program_but_sudo():
+    out = docker("run", "--rm", "--entrypoint", "find", IMAGE, "/", "-xdev", "-perm", "-4000", "-type", "f").stdout
+    assert out.split() == ["/usr/bin/sudo"]
+
+
+@pytest.mark.parametrize(("user", "writable"), [("1000:100", "no"), ("1010:0", "yes")])
+def test_passwd_is_writable_only_for_starts_as_a_user_with_gid_0(user, writable):
+    probe = "test -w /etc/passwd && echo yes || echo no"
+    assert docker("run", "--rm", "--user", user, IMAGE, "sh", "-c", probe).stdout.strip() == writable
+
+
+def test_a_root_start_takes_group_0s_write_on_passwd_back():
+    assert docker("run", "--rm", IMAGE, "stat", "-c", "%a", "/etc/passwd").stdout.strip() == "644"
+
+
+def test_uid_that_cannot_get_an_entry_stops_the_services_but_runs_a_command():
+    # GID 1010 may not write /etc/passwd: sshd could not run, a command can.
+    services = docker("run", "--rm", "--user", "1010:1010", IMAGE, check=False, timeout=60)
+    assert services.returncode == 2
+    assert services.stderr.strip().startswith("torchlab: error: UID 1010 has no passwd entry")
+    assert len(services.stderr.strip().splitlines()) == 1
+    command = docker("run", "--rm", "--user", "1010:1010", "--group-add", "users", IMAGE, "id")
+    assert command.stdout.strip() == "uid=1010 gid=1010 groups=1010,100(users)"
+    assert "warning: UID 1010 has no passwd entry" in command.stderr
