@@ -82,6 +82,7 @@ $(SAMPLE_DATA)/.done: $(wildcard train/*.py) | image
 
 run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start the container (ports on 127.0.0.1, /data, GPUs if present)
 	@key=$$(cat ~/.ssh/id_ed25519.pub ~/.ssh/id_rsa.pub 2>/dev/null | head -n1); \
+	[ -n "$$key" ] || echo "make run: no ~/.ssh/id_ed25519.pub or id_rsa.pub, so ssh will refuse you: ssh-keygen -t ed25519" >&2; \
 	gpus=$$(command -v nvidia-smi >/dev/null && echo --gpus all); \
 	name=$(CONTAINER); \
 	$(DOCKER_CLI) run -d --name $$name $$gpus --shm-size=$(SHM_SIZE) \
