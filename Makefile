@@ -1,11 +1,13 @@
-# torchlab: `make help` lists the targets. Variables (override on the command line):
+# torchlab: `make help` lists the targets. Variables (override on the command line). "auto": tools/detect-build
+# decides, once per make run, and logs each choice in one line ("torchlab build: ..."); any other value wins.
 IMAGE ?= torchlab## image name
-ENV_SOURCE ?= conda## conda (Miniconda + environment.yml) or pypi (Debian base + venv)
-BASE_IMAGE ?= python:3.10-slim## base of the pypi path (any Debian image)
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cu118## pip index for torch on the pypi path; empty = PyPI
-CA_BUNDLE ?=## CA bundle for builds behind a TLS-intercepting proxy (a BuildKit secret, never in a layer)
+CONTAINER ?= $(subst :,-,$(notdir $(IMAGE)))-$(shell id -un)## name of the `make run` container
+ENV_SOURCE ?= auto## conda (Miniconda + environment.yml), pypi (Debian base + venv); auto: conda where Miniconda and the conda channels can be had
+BASE_IMAGE ?= auto## base of the pypi path (any Debian image); auto: python:3.10-slim where a registry answers, else torchlab/debian:bookworm
+TORCH_INDEX_URL ?= auto## pip index for torch on the pypi path; empty = PyPI; auto: PyTorch's cu118 index where it answers, else PyPI
+CA_BUNDLE ?= auto## CA bundle for builds (a BuildKit secret, never in a layer); empty = none; auto: SSL_CERT_FILE, REQUESTS_CA_BUNDLE, the system's
 DATA ?=## host folder mounted at /data by `make run` (default: generated sample data)
-DOCKER ?= docker## docker CLI (needs BuildKit)
+DOCKER ?= auto## docker CLI with BuildKit; auto: the first on PATH with buildx, else one with BuildKit built in (before 23.0)
 COMPOSE ?= docker-compose## compose CLI (docker-compose, or "docker compose")
 SHM_SIZE ?= 8g## /dev/shm of `make run`
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
@@ -14,7 +16,7 @@ BENCH_IMAGES ?= 2000## images generated (once, into .cache/bench) for `make benc
 TRAIN_ARGS ?=## train.py flags of `make multinode`, e.g. "--arch resnet18 --epochs 1"
 
 VERSION ?= $(shell cat VERSION)## release version in labels, tags and lock file names (default: the VERSION file)
-LOCK ?=## lock file to rebuild a release exactly, e.g. locks/py311-cu124-0.2.0.pypi.txt (default: none)
+LOCK ?= auto## lock file to rebuild a release exactly; empty = none; auto: locks/<what will be built>-<VERSION>.* if there
 LOCK_DIR ?= locks## where `make export-env` writes the lock file
 REGISTRY ?=## registry prefix for `make push`, e.g. ghcr.io/you
 
@@ -22,13 +24,31 @@ SHELL := /bin/bash
 , := ,
 VENV := .venv
 SAMPLE_DATA := .cache/sample-data
-BUILD_ARGS := --build-arg ENV_SOURCE=$(ENV_SOURCE) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
-	--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) $(if $(CA_BUNDLE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE)) \
-	--build-arg LOCK_FILE=$(LOCK) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(shell git rev-parse HEAD 2>/dev/null || echo unknown) \
+
+# The automatic values, each resolved the first time a recipe needs it, then kept for the rest of the run.
+detect = $(shell $(2) tools/detect-build $(1))$(if $(filter 0,$(.SHELLSTATUS)),,$(error tools/detect-build $(1) stopped))
+DOCKER_CLI = $(eval DOCKER_CLI := $(call detect,docker,DOCKER='$(DOCKER)'))$(DOCKER_CLI)
+CA_BUNDLE_FILE = $(eval CA_BUNDLE_FILE := $(call detect,ca-bundle,CA_BUNDLE='$(CA_BUNDLE)'))$(CA_BUNDLE_FILE)
+BUILD_ENV = $(eval BUILD_ENV := $(call detect,env,DOCKER='$(DOCKER_CLI)' CA_BUNDLE='$(CA_BUNDLE_FILE)' \
+	ENV_SOURCE='$(ENV_SOURCE)' BASE_IMAGE='$(BASE_IMAGE)' TORCH_INDEX_URL='$(TORCH_INDEX_URL)' LOCK='$(LOCK)' \
+	VERSION='$(VERSION)'))$(BUILD_ENV)
+build_setting = $(patsubst $(1)=%,%,$(filter $(1)=%,$(BUILD_ENV)))
+# "build" when the image is absent or older than a file it is built from, else empty.
+IMAGE_BUILD = $(eval IMAGE_BUILD := $(call detect,image,DOCKER='$(DOCKER_CLI)' IMAGE='$(IMAGE)'))$(IMAGE_BUILD)
+
+BUILD_ARGS = --build-arg ENV_SOURCE=$(call build_setting,ENV_SOURCE) --build-arg BASE_IMAGE=$(call build_setting,BASE_IMAGE) \
+	--build-arg TORCH_INDEX_URL=$(call build_setting,TORCH_INDEX_URL) \
+	$(if $(CA_BUNDLE_FILE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE_FILE)) --build-arg LOCK_FILE=$(call build_setting,LOCK) \
+	--build-arg VERSION=$(VERSION) --build-arg REVISION=$(shell git rev-parse HEAD 2>/dev/null || echo unknown) \
 	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null || echo unknown)
+# `make stop` with the variables of this command line that name the container.
+STOP_COMMAND = $(strip make stop $(foreach v,IMAGE CONTAINER DOCKER,$(if $(filter command line,$(origin $(v))),$(v)=$($(v)))))
+# A sub-make for what has to be built first, given what this run has resolved.
+SUB_MAKE = $(MAKE) --no-print-directory DOCKER=$(DOCKER_CLI) CA_BUNDLE=$(CA_BUNDLE_FILE)
 
 .DEFAULT_GOAL := help
-.PHONY: help build base-debian run compose-up compose-down multinode bench tag push shell test test-static test-unit test-image lint export-env clean
+.PHONY: help build base-debian image run stop compose-up compose-down multinode bench tag push shell test test-static test-unit \
+	test-image lint export-env clean
 
 help: ## show this help
 	@echo "Targets:"
@@ -36,13 +56,14 @@ help: ## show this help
 	@echo "Variables:"
 	@grep -E '^[A-Z_]+ \?=.*## ' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?= ?(.*)## (.*)/  \1|[\2]|\3/' | column -t -s'|'
 
-build: ## build the image (ENV_SOURCE=conda or pypi)
-	DOCKER_BUILDKIT=1 $(DOCKER) build $(BUILD_ARGS) -t $(IMAGE) .
+build: ## build the image (ENV_SOURCE=auto, conda or pypi)
+	+@$(if $(call build_setting,BUILD_FIRST),$(SUB_MAKE) base-debian)
+	DOCKER_BUILDKIT=1 $(DOCKER_CLI) build $(BUILD_ARGS) -t $(IMAGE) .
 
 base-debian: ## build torchlab/debian:bookworm from Debian's packages alone (no registry needed)
 	rm -rf .cache/bookworm && mkdir -p .cache
 	debootstrap --variant=minbase bookworm .cache/bookworm http://deb.debian.org/debian
-	tar -C .cache/bookworm -c . | $(DOCKER) import - torchlab/debian:bookworm
+	tar -C .cache/bookworm -c . | $(DOCKER_CLI) import - torchlab/debian:bookworm
 	rm -rf .cache/bookworm
 
 $(VENV)/.done: tests/requirements.txt
@@ -50,28 +71,36 @@ $(VENV)/.done: tests/requirements.txt
 	$(VENV)/bin/pip install -q -r tests/requirements.txt
 	touch $@
 
-$(SAMPLE_DATA)/.done: $(wildcard train/*.py)
+image: ## build the image if it is absent or older than a file it is built from
+	+@$(if $(IMAGE_BUILD),$(SUB_MAKE) build)
+
+$(SAMPLE_DATA)/.done: $(wildcard train/*.py) | image
 	mkdir -p .cache
-	$(DOCKER) run --rm --user $$(id -u):$$(id -g) --entrypoint python -v $(CURDIR)/.cache:/cache $(IMAGE) \
+	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --entrypoint python -v $(CURDIR)/.cache:/cache $(IMAGE) \
 		/opt/torchlab/train/sample_data.py /cache/sample-data
 	touch $@
 
-run: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## start the container: ports on 127.0.0.1, /data mounted, GPUs if present
+run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start the container (ports on 127.0.0.1, /data, GPUs if present)
 	@key=$$(cat ~/.ssh/id_ed25519.pub ~/.ssh/id_rsa.pub 2>/dev/null | head -n1); \
+	[ -n "$$key" ] || echo "make run: no ~/.ssh/id_ed25519.pub or id_rsa.pub, so ssh will refuse you: ssh-keygen -t ed25519" >&2; \
 	gpus=$$(command -v nvidia-smi >/dev/null && echo --gpus all); \
-	name=torchlab-$${USER:-$$(id -un)}; \
-	$(DOCKER) run -d --name $$name $$gpus --shm-size=$(SHM_SIZE) \
+	name=$(CONTAINER); \
+	$(DOCKER_CLI) run -d --name $$name $$gpus --shm-size=$(SHM_SIZE) \
 		-p 127.0.0.1:$(JUPYTER_HOST_PORT):8888 -p 127.0.0.1:$(SSH_HOST_PORT):2222 \
 		-v $(abspath $(or $(DATA),$(SAMPLE_DATA))):/data:ro -v torchlab-workspace:/workspace \
 		-v torchlab-ssh-host-keys:/etc/ssh/host_keys -e SSH_PUBLIC_KEY="$$key" $(IMAGE) >/dev/null && \
 	for i in $$(seq 120); do \
-		$(DOCKER) exec $$name sh -c 'test -e /run/torchlab/services && torchlab-healthcheck' 2>/dev/null && break; \
+		$(DOCKER_CLI) exec $$name sh -c 'test -e /run/torchlab/services && torchlab-healthcheck' 2>/dev/null && break; \
+		[ $$i -lt 120 ] || { echo "make run: the services did not answer in 120 s; see $(DOCKER_CLI) logs $$name" >&2; exit 1; }; \
 		sleep 1; \
 	done; \
-	token=$$($(DOCKER) logs $$name 2>&1 | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p' | head -n1); \
+	token=$$($(DOCKER_CLI) logs $$name 2>&1 | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p' | head -n1); \
 	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tree?token=$$token"; \
 	echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"; \
-	echo "Stop:    $(DOCKER) rm -f $$name"
+	echo "Stop:    $(STOP_COMMAND)"
+
+stop: ## remove the `make run` container; its volumes (/workspace, SSH host keys) stay
+	$(DOCKER_CLI) rm -f $(CONTAINER)
 
 compose-up: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: volumes, secrets, restart policy, GPUs if present
 	@mkdir -p .cache && [ -s .cache/jupyter_token ] || \
@@ -91,30 +120,30 @@ compose-down: ## stop the compose service (volumes kept)
 
 bench: ## compare input pipelines (naive, classic, torchlab, prepared) with ceilings; .cache/bench/results/bench.{json,png}
 	mkdir -p .cache/bench
-	$(DOCKER) run --rm --user $$(id -u):$$(id -g) --shm-size=2g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
+	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --shm-size=2g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
 		-v $(CURDIR)/.cache/bench:/cache --entrypoint python $(IMAGE) \
 		/opt/torchlab/train/bench.py --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
 
 # What is inside the image, e.g. py310-cu118: the start of its tags and lock file names.
-INSIDE = $(DOCKER) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \
+INSIDE = $(DOCKER_CLI) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \
 	print("py%d%d-cu%s" % (*sys.version_info[:2], (torch.version.cuda or "cpu").replace(".", "")))'
 
 tag: ## tag the built image with what is inside, e.g. torchlab:py310-cu118-<version>
-	@tag=$$($(INSIDE))-$(VERSION) && $(DOCKER) tag $(IMAGE) $(IMAGE):$$tag && echo "$(IMAGE):$$tag"
+	@tag=$$($(INSIDE))-$(VERSION) && $(DOCKER_CLI) tag $(IMAGE) $(IMAGE):$$tag && echo "$(IMAGE):$$tag"
 
 push: ## push the image as REGISTRY/IMAGE:<what is inside>-<version> and :latest
 	@[ -n "$(REGISTRY)" ] || { echo "make push: set REGISTRY, e.g. make push REGISTRY=ghcr.io/you" >&2; exit 2; }
-	@tag=$$($(MAKE) -s tag) && tag=$${tag##*:} && \
+	@tag=$$($(MAKE) -s tag DOCKER=$(DOCKER_CLI)) && tag=$${tag##*:} && \
 	for t in $$tag latest; do \
-		$(DOCKER) tag $(IMAGE) $(REGISTRY)/$(IMAGE):$$t && $(DOCKER) push $(REGISTRY)/$(IMAGE):$$t || exit 1; \
+		$(DOCKER_CLI) tag $(IMAGE) $(REGISTRY)/$(IMAGE):$$t && $(DOCKER_CLI) push $(REGISTRY)/$(IMAGE):$$t || exit 1; \
 	done
 
 shell: ## a shell in a throwaway container, as the user
-	$(DOCKER) run --rm -it $(IMAGE) bash -l
+	$(DOCKER_CLI) run --rm -it $(IMAGE) bash -l
 
 lint: $(VENV)/.done ## hadolint, shellcheck, ruff
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck entrypoint.sh config/*.sh config/torchlab .ci/run
+	$(VENV)/bin/shellcheck entrypoint.sh config/*.sh config/torchlab .ci/run tools/detect-build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
@@ -124,24 +153,24 @@ test-static: $(VENV)/.done ## checks of the production path that need no build (
 	$(VENV)/bin/pytest tests/static
 
 test-unit: ## train/ tests, on the CPU, inside the image
-	$(DOCKER) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
+	$(DOCKER_CLI) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
 		python -m pytest -p no:cacheprovider tests/unit
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
-	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE) $(VENV)/bin/pytest -s tests/image
+	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) $(VENV)/bin/pytest -s tests/image
 
 export-env: ## write the built env to LOCK_DIR/<what is inside>-<VERSION>.{conda.yml,pypi.txt}; commit it per release
 	@set -o pipefail; tag=$$($(INSIDE))-$(VERSION) && mkdir -p $(LOCK_DIR) && \
-	source=$$($(DOCKER) image inspect -f '{{index .Config.Labels "io.torchlab.env-source"}}' $(IMAGE)) && \
+	source=$$($(DOCKER_CLI) image inspect -f '{{index .Config.Labels "io.torchlab.env-source"}}' $(IMAGE)) && \
 	if [ "$$source" = conda ]; then \
 		out=$(LOCK_DIR)/$$tag.conda.yml; \
-		$(DOCKER) run --rm --entrypoint conda $(IMAGE) env export --name torchlab --no-builds | grep -v '^prefix:' > $$out.tmp; \
+		$(DOCKER_CLI) run --rm --entrypoint conda $(IMAGE) env export --name torchlab --no-builds | grep -v '^prefix:' > $$out.tmp; \
 	else \
 		out=$(LOCK_DIR)/$$tag.pypi.txt; \
-		$(DOCKER) run --rm --entrypoint pip $(IMAGE) freeze --all > $$out.tmp; \
+		$(DOCKER_CLI) run --rm --entrypoint pip $(IMAGE) freeze --all > $$out.tmp; \
 	fi && mv $$out.tmp $$out && echo "wrote $$out" || { rm -f $(LOCK_DIR)/*.tmp; exit 1; }
 
 clean: ## remove the image, stopped test containers, the venv and caches
-	-$(DOCKER) rm -f $$($(DOCKER) ps -aq --filter label=torchlab.test) 2>/dev/null
-	-$(DOCKER) image rm $(IMAGE)
+	-$(DOCKER_CLI) rm -f $$($(DOCKER_CLI) ps -aq --filter label=torchlab.test) 2>/dev/null
+	-$(DOCKER_CLI) image rm $(IMAGE)
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
