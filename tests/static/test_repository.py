@@ -113,3 +113,16 @@ def test_release_lock_holds_every_pin_of_environment_yml(lock):
         wanted = {canonical(name): version for name, version in envspec.pypi_pins(ENVIRONMENT).items()}
     stale = {name: (version, locked.get(name)) for name, version in wanted.items() if locked.get(name) != version}
     assert not stale, f"{lock.name} disagrees with environment.yml (pin, lock): {stale}; rerun make export-env"
+
+
+def test_licence_label_agrees_with_the_licence_file():
+    label = re.search(r'org\.opencontainers\.image\.licenses="([^"]+)"', (ROOT / "Dockerfile").read_text()).group(1)
+    licence = (ROOT / "LICENSE").read_text()
+    own = label.split(" AND ")[0]
+    assert own == "BSD-3-Clause"
+    assert licence.startswith("BSD 3-Clause License\n")
+    assert "Neither the name of the copyright holder nor the names of its" in licence
+    # What the image bundles under its own terms is named in the label and in the README.
+    assert "LicenseRef-NVIDIA-CUDA-EULA" in label.split(" AND ")[1:]
+    readme = (ROOT / "README.md").read_text()
+    assert "## Licences" in readme and "BSD-3-Clause" in readme
