@@ -10,6 +10,7 @@ DATA ?=## host folder mounted at /data by `make run` (default: generated sample 
 DOCKER ?= auto## docker CLI with BuildKit; auto: the first on PATH with buildx, else one with BuildKit built in (before 23.0)
 COMPOSE ?= docker-compose## compose CLI (docker-compose, or "docker compose")
 SHM_SIZE ?= 8g## /dev/shm of `make run`
+JUPYTER_UI ?= notebook## what `make run`'s Jupyter URL opens: notebook (Notebook 7, /tree) or lab (JupyterLab, /lab)
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
 BENCH_IMAGES ?= 2000## images generated (once, into .cache/bench) for `make bench`
@@ -88,14 +89,15 @@ run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start t
 	$(DOCKER_CLI) run -d --name $$name $$gpus --shm-size=$(SHM_SIZE) \
 		-p 127.0.0.1:$(JUPYTER_HOST_PORT):8888 -p 127.0.0.1:$(SSH_HOST_PORT):2222 \
 		-v $(abspath $(or $(DATA),$(SAMPLE_DATA))):/data:ro -v torchlab-workspace:/workspace \
-		-v torchlab-ssh-host-keys:/etc/ssh/host_keys -e SSH_PUBLIC_KEY="$$key" $(IMAGE) >/dev/null && \
+		-v torchlab-ssh-host-keys:/etc/ssh/host_keys -e SSH_PUBLIC_KEY="$$key" -e JUPYTER_UI=$(JUPYTER_UI) \
+		$(IMAGE) >/dev/null && \
 	for i in $$(seq 120); do \
 		$(DOCKER_CLI) exec $$name sh -c 'test -e /run/torchlab/services && torchlab-healthcheck' 2>/dev/null && break; \
 		[ $$i -lt 120 ] || { echo "make run: the services did not answer in 120 s; see $(DOCKER_CLI) logs $$name" >&2; exit 1; }; \
 		sleep 1; \
 	done; \
 	token=$$($(DOCKER_CLI) logs $$name 2>&1 | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p' | head -n1); \
-	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tree?token=$$token"; \
+	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/$(if $(filter lab,$(JUPYTER_UI)),lab,tree)?token=$$token"; \
 	echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"; \
 	echo "Stop:    $(STOP_COMMAND)"
 

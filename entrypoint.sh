@@ -60,6 +60,7 @@ CHOWN_EXTRA=${CHOWN_EXTRA:-}
 CHOWN_EXTRA_OPTS=${CHOWN_EXTRA_OPTS:-}
 JUPYTER_ENV_VARS_TO_UNSET=${JUPYTER_ENV_VARS_TO_UNSET:-}
 DOCTOR_AT_START=${DOCTOR_AT_START:-yes}
+JUPYTER_UI=${JUPYTER_UI:-notebook}
 SHM_WARN_MB=1024
 
 for var in NB_USER NB_GROUP; do
@@ -126,6 +127,11 @@ for var in CHOWN_HOME_OPTS CHOWN_EXTRA_OPTS; do
         esac
     done
 done
+case "$JUPYTER_UI" in
+    notebook) ui_path=/tree ;;
+    lab) ui_path=/lab ;;
+    *) die "JUPYTER_UI='$JUPYTER_UI': expected notebook or lab" ;;
+esac
 IFS=, read -ra chown_extra_paths <<<"$CHOWN_EXTRA"
 for path in "${chown_extra_paths[@]}"; do
     [[ $path == /* ]] || die "CHOWN_EXTRA='$CHOWN_EXTRA': expected absolute paths separated by commas, such as /opt/data,/srv/cache"
@@ -451,7 +457,8 @@ sshd_options=(-o "Port=$SSH_PORT" -o PidFile=none)
 [ "$as_root" = yes ] || sshd_options+=(-o StrictModes=no)
 env -u JUPYTER_TOKEN -u TORCHLAB_JUPYTER_PASSWORD_HASH /usr/sbin/sshd -D -e "${sshd_options[@]}" &
 sshd_pid=$!
-"${as_user[@]}" jupyter notebook --ServerApp.port="$JUPYTER_PORT" &
+# Notebook 7 and JupyterLab are one server either way (/tree and /lab); JUPYTER_UI picks what / opens.
+"${as_user[@]}" jupyter "$JUPYTER_UI" --ServerApp.port="$JUPYTER_PORT" &
 jupyter_pid=$!
 # The doctor's report in the start log; in the background, as importing torch and counting a
 # large /data take a while.
@@ -460,9 +467,9 @@ if [ "$DOCTOR_AT_START" = yes ]; then
 fi
 log "SSH:     ssh -p $SSH_PORT $NB_USER@<host>"
 if [ "$token_generated" = yes ]; then
-    log "Jupyter: http://127.0.0.1:$JUPYTER_PORT/tree?token=$JUPYTER_TOKEN"
+    log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path?token=$JUPYTER_TOKEN"
 else
-    log "Jupyter: http://127.0.0.1:$JUPYTER_PORT/tree (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
+    log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
 fi
 
 # Supervise: when either service ends, stop the other and exit; docker stop (SIGTERM,

@@ -36,6 +36,7 @@ VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67D
         ({"CHOWN_EXTRA_OPTS": "--reference=/etc/shadow"}, "CHOWN_EXTRA_OPTS"),
         ({"CHOWN_HOME_OPTS": "-R; rm -rf /"}, "CHOWN_HOME_OPTS"),
         ({"JUPYTER_ENV_VARS_TO_UNSET": "GOOD,not-a-name"}, "JUPYTER_ENV_VARS_TO_UNSET"),
+        ({"JUPYTER_UI": "classic"}, "JUPYTER_UI"),
     ],
 )
 def test_bad_input_stops_before_anything_starts(env, variable):

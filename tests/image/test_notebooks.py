@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import websocket
 
-from conftest import IMAGE, TOKEN, docker, wait_for
+from conftest import IMAGE, TOKEN, docker, http_status, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TORCHLAB_ARTIFACTS", ROOT / ".cache" / "test-artifacts"))
@@ -243,3 +243,21 @@ def test_browser_runs_the_environment_notebook_and_shows_the_doctor_table(notebo
     finally:
         page.screenshot(screenshot)
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lab_is_served_beside_notebook_and_jupyter_ui_picks_the_url(containers, browser_page):
+    default = containers.run(env={"JUPYTER_TOKEN": TOKEN})
+    assert http_status(f"http://127.0.0.1:{default.host_port(8888)}/lab?token={TOKEN}") == 200
+    assert "/tree (log in with your JUPYTER_TOKEN" in default.logs()
+    lab = containers.run(env={"JUPYTER_UI": "lab"})
+    url = next(line.split("Jupyter: ", 1)[1] for line in lab.logs().splitlines() if "Jupyter: http" in line)
+    assert "/lab?token=" in url
+    port = lab.host_port(8888)
+    browser_page.call("Page.navigate", url=url.replace(":8888/", f":{port}/"))
+    screenshot = ARTIFACTS / "jupyterlab-launcher.png"
+    try:
+        wait_for(lambda: browser_page.evaluate("document.querySelectorAll('.jp-Launcher').length") > 0, 120,
+                 "JupyterLab's launcher")  # fmt: skip
+        assert "Python 3" in browser_page.evaluate("document.querySelector('.jp-Launcher').innerText")
+    finally:
+        browser_page.screenshot(screenshot)
