@@ -30,7 +30,17 @@ def test_pins_name_the_promised_stack():
     assert (pins["pytorch"], pins["torchvision"], pins["torchaudio"]) == ("2.5.1", "0.20.1", "2.5.1")
     assert pins["pytorch-cuda"] == "11.8"
     assert pins["notebook"].startswith("7.")
-    for name in ["ipykernel", "pytest", "pytest-testinfra", "numpy", "pillow", "matplotlib"]:
+    for name in [
+        "ipykernel",
+        "pytest",
+        "pytest-testinfra",
+        "numpy",
+        "pillow",
+        "matplotlib",
+        "jupyterhub",
+        "jupyter-server-proxy",
+        "tensorboard",
+    ]:
         assert name in pins
 
 
