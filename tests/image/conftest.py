@@ -14,6 +14,7 @@ import urllib.request
 import uuid
 
 import pytest
+import websocket
 
 IMAGE = os.environ.get("TORCHLAB_IMAGE", "torchlab")
 DOCKER = os.environ.get("DOCKER", "docker")
@@ -114,6 +115,51 @@ def http_status(url, headers=None, method="GET", data=None):
         return error.code
     except OSError:
         return 0
+
+
+def jupyter_api(base, path, token, method="GET", body=None):
+    """Call the Jupyter server at base (http://host:port[/prefix]) with a token; the JSON answer."""
+    request = urllib.request.Request(
+        base + path,
+        method=method,
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+        data=json.dumps(body).encode() if body is not None else None,
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"null")
+
+
+def execute_in_kernel(base, code, token, timeout=60):
+    """Start a kernel on the Jupyter server at base, run code over the kernel websocket, return its
+    stdout, delete the kernel."""
+    kernel = jupyter_api(base, "/api/kernels", token, method="POST", body={"name": "python3"})
+    url = "ws" + base.removeprefix("http") + f"/api/kernels/{kernel['id']}/channels"
+    conn = websocket.create_connection(url, timeout=timeout, header=[f"Authorization: token {token}"])
+    try:
+        msg_id = uuid.uuid4().hex
+        conn.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
+                       "session": uuid.uuid4().hex, "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+        }))  # fmt: skip
+        stdout, errors = [], []
+        while True:
+            msg = json.loads(conn.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                stdout.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                errors.append(msg["content"]["ename"] + ": " + msg["content"]["evalue"])
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        assert not errors, errors
+        return "".join(stdout)
+    finally:
+        conn.close()
+        jupyter_api(base, f"/api/kernels/{kernel['id']}", token, method="DELETE")
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,13 @@
 """Jupyter from the host: auth on every path, a kernel that runs code in the env."""
 
-import json
 import re
 import urllib.parse
 import urllib.request
 import uuid
 
 import pytest
-import websocket
 
-from conftest import TOKEN, docker, http_status
+from conftest import TOKEN, docker, execute_in_kernel, http_status, jupyter_api
 
 
 def base_url(container):
@@ -17,14 +15,7 @@ def base_url(container):
 
 
 def api(container, path, token=TOKEN, method="GET", body=None):
-    request = urllib.request.Request(
-        base_url(container) + path,
-        method=method,
-        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-        data=json.dumps(body).encode() if body is not None else None,
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or b"null")
+    return jupyter_api(base_url(container), path, token, method, body)
 
 
 @pytest.mark.parametrize("path", ["/api/status", "/api/contents", "/api/kernels", "/api/terminals", "/api/sessions"])
@@ -45,35 +36,7 @@ def test_api_answers_with_the_token(services):
 
 
 def execute(container, code, token=TOKEN, timeout=60):
-    """Start a kernel, run code over the kernel websocket, return its stdout, delete the kernel."""
-    kernel = api(container, "/api/kernels", token, method="POST", body={"name": "python3"})
-    url = f"ws://127.0.0.1:{container.host_port(8888)}/api/kernels/{kernel['id']}/channels?token={token}"
-    conn = websocket.create_connection(url, timeout=timeout)
-    try:
-        msg_id = uuid.uuid4().hex
-        conn.send(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
-                       "session": uuid.uuid4().hex, "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell",
-            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True},
-        }))  # fmt: skip
-        stdout, errors = [], []
-        while True:
-            msg = json.loads(conn.recv())
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                stdout.append(msg["content"]["text"])
-            elif msg["msg_type"] == "error":
-                errors.append(msg["content"]["ename"] + ": " + msg["content"]["evalue"])
-            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
-        assert not errors, errors
-        return "".join(stdout)
-    finally:
-        conn.close()
-        api(container, f"/api/kernels/{kernel['id']}", token, method="DELETE")
+    return execute_in_kernel(base_url(container), code, token, timeout)
 
 
 def test_kernel_executes_code_in_the_env(services):
