@@ -7,8 +7,10 @@
 #   3. SSH: authorized keys, per-container host keys, the container's environment for sessions
 #   4. Jupyter auth: a token or an argon2-hashed password, never none
 #   5. hooks, then either the given command as the user, or sshd + Jupyter supervised
+#      (jupyterhub-singleuser in place of the standalone server when a JupyterHub spawned it)
 # Every variable is documented in README.md. Files other parts read, all in /run/torchlab:
-#   services             exists while the services are meant to run (the healthcheck's cue)
+#   services             exists while the services are meant to run (the healthcheck's cue);
+#                        it holds the URL of Jupyter's /api (the hub's prefix under JupyterHub)
 #   session-env.sh       the container's environment for SSH sessions (/etc/profile.d/torchlab.sh
 #                        and /etc/bash.bashrc source it)
 #   authorized_keys/USER keys from SSH_PUBLIC_KEY / PUBLIC_KEY (sshd's AuthorizedKeysFile)
@@ -26,6 +28,23 @@ die() {
 
 # ---------------------------------------------------------------- 1. read and validate
 if [ "$(id -u)" = 0 ]; then as_root=yes; else as_root=no; fi
+
+# A JupyterHub spawner (DockerSpawner, KubeSpawner) sets JUPYTERHUB_API_TOKEN and the URL to
+# serve at: then jupyterhub-singleuser, with the hub's auth, stands in for the standalone server.
+# Arguments that are options (c.Spawner.args) go to it; anything else is a command, as always.
+hub_args=()
+if [ -n "${JUPYTERHUB_API_TOKEN:-}" ]; then
+    hub=yes
+    [ -n "${JUPYTERHUB_SERVICE_URL:-}" ] ||
+        die "JUPYTERHUB_API_TOKEN is set but JUPYTERHUB_SERVICE_URL is not: expected both (a JupyterHub spawner sets them), or neither"
+    [[ $JUPYTERHUB_SERVICE_URL =~ ^(https?)://(\[[^]/]*\]|[^]/:[]*)(:([0-9]{1,5}))?(/|$) ]] ||
+        die "JUPYTERHUB_SERVICE_URL='$JUPYTERHUB_SERVICE_URL': expected the URL to serve at, such as http://0.0.0.0:8888/user/NAME/"
+    hub_scheme=${BASH_REMATCH[1]} hub_port=${BASH_REMATCH[4]}
+    [ -n "$hub_port" ] || { [ "$hub_scheme" = http ] && hub_port=80; } || hub_port=443
+    if [ $# -gt 0 ] && [[ $1 == -* ]]; then hub_args=("$@") && set --; fi
+else
+    hub=no
+fi
 
 # VAR_FILE variants let secrets come from Docker secrets instead of the environment.
 read_file_var() {  # NAME: if NAME_FILE is set, NAME takes the file's content
@@ -111,6 +130,9 @@ done
 ((10#$SSH_PORT != 10#$JUPYTER_PORT)) ||
     die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
 SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
+# What the healthcheck asks: Jupyter's /api, which answers without auth.
+jupyter_probe=http://127.0.0.1:$JUPYTER_PORT/api
+[ "$hub" = no ] || jupyter_probe=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
 for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START; do
     case "${!var}" in
         yes | 1 | true) printf -v "$var" yes ;;
@@ -171,7 +193,7 @@ else
         die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
 fi
 rm -f /run/torchlab/services
-[ $# -gt 0 ] || touch /run/torchlab/services
+[ $# -gt 0 ] || printf '%s\n' "$jupyter_probe" >/run/torchlab/services
 
 run_hooks() {  # DIR: *.sh files are sourced, other executables run; in name order
     local f
@@ -420,7 +442,13 @@ mv /run/torchlab/session-env.sh.tmp /run/torchlab/session-env.sh
 
 # ---------------------------------------------------------------- 4. Jupyter auth
 token_generated=no
-if [ -n "$JUPYTER_PASSWORD" ]; then
+if [ "$hub" = yes ]; then
+    # The hub's OAuth (JupyterHubIdentityProvider) is the only way in; a token of our own would
+    # be a second one.
+    [ -z "$JUPYTER_TOKEN$JUPYTER_PASSWORD" ] ||
+        log "JupyterHub: JUPYTER_TOKEN/JUPYTER_PASSWORD ignored, the hub's login applies"
+    unset JUPYTER_TOKEN
+elif [ -n "$JUPYTER_PASSWORD" ]; then
     # Only the argon2 hash reaches Jupyter; the password itself leaves the environment.
     TORCHLAB_JUPYTER_PASSWORD_HASH=$(printf '%s' "$JUPYTER_PASSWORD" |
         python -c 'import sys; from jupyter_server.auth import passwd; print(passwd(sys.stdin.read(), "argon2"))')
@@ -455,10 +483,19 @@ cd /workspace
 # non-privileged mode); its key files live in /run/torchlab, which is the user's: StrictModes off.
 sshd_options=(-o "Port=$SSH_PORT" -o PidFile=none)
 [ "$as_root" = yes ] || sshd_options+=(-o StrictModes=no)
-env -u JUPYTER_TOKEN -u TORCHLAB_JUPYTER_PASSWORD_HASH /usr/sbin/sshd -D -e "${sshd_options[@]}" &
+env -u JUPYTER_TOKEN -u TORCHLAB_JUPYTER_PASSWORD_HASH -u JUPYTERHUB_API_TOKEN -u JPY_API_TOKEN /usr/sbin/sshd -D -e "${sshd_options[@]}" &
 sshd_pid=$!
 # Notebook 7 and JupyterLab are one server either way (/tree and /lab); JUPYTER_UI picks what / opens.
-"${as_user[@]}" jupyter "$JUPYTER_UI" --ServerApp.port="$JUPYTER_PORT" &
+# Under a hub, the hub's URL (ip, port, prefix) and auth win over jupyter_server_config.py; the
+# hub admin's c.Spawner.default_url wins over JUPYTER_UI.
+if [ "$hub" = yes ]; then
+    jupyter_command=(jupyterhub-singleuser)
+    [ -n "${JUPYTERHUB_DEFAULT_URL:-}" ] || jupyter_command+=(--ServerApp.default_url="$ui_path")
+    jupyter_command+=("${hub_args[@]}")
+else
+    jupyter_command=(jupyter "$JUPYTER_UI" --ServerApp.port="$JUPYTER_PORT")
+fi
+"${as_user[@]}" "${jupyter_command[@]}" &
 jupyter_pid=$!
 # The doctor's report in the start log; in the background, as importing torch and counting a
 # large /data take a while.
@@ -466,7 +503,9 @@ if [ "$DOCTOR_AT_START" = yes ]; then
     "${as_user[@]}" sh -c "torchlab doctor 2>&1 | sed 's/^/torchlab: doctor: /'" >&2 &
 fi
 log "SSH:     ssh -p $SSH_PORT $NB_USER@<host>"
-if [ "$token_generated" = yes ]; then
+if [ "$hub" = yes ]; then
+    log "JupyterHub: JUPYTERHUB_API_TOKEN is set, so jupyterhub-singleuser serves $JUPYTERHUB_SERVICE_URL in place of the standalone server, with the hub's login"
+elif [ "$token_generated" = yes ]; then
     log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path?token=$JUPYTER_TOKEN"
 else
     log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
