@@ -31,7 +31,9 @@ if [ "$(id -u)" = 0 ]; then as_root=yes; else as_root=no; fi
 
 # A JupyterHub spawner (DockerSpawner, KubeSpawner) sets JUPYTERHUB_API_TOKEN and the URL to
 # serve at: then jupyterhub-singleuser, with the hub's auth, stands in for the standalone server.
-# Arguments that are options (c.Spawner.args) go to it; anything else is a command, as always.
+# The spawner's command `jupyterhub-singleuser` (KubeSpawner's default; DockerSpawner needs
+# c.DockerSpawner.cmd, as the image's CMD is empty) means that server with the services, and its
+# arguments, like options alone (c.Spawner.args), go to it; anything else is a command, as always.
 hub_args=()
 if [ -n "${JUPYTERHUB_API_TOKEN:-}" ]; then
     hub=yes
@@ -41,7 +43,10 @@ if [ -n "${JUPYTERHUB_API_TOKEN:-}" ]; then
         die "JUPYTERHUB_SERVICE_URL='$JUPYTERHUB_SERVICE_URL': expected the URL to serve at, such as http://0.0.0.0:8888/user/NAME/"
     hub_scheme=${BASH_REMATCH[1]} hub_port=${BASH_REMATCH[4]}
     [ -n "$hub_port" ] || { [ "$hub_scheme" = http ] && hub_port=80; } || hub_port=443
-    if [ $# -gt 0 ] && [[ $1 == -* ]]; then hub_args=("$@") && set --; fi
+    case "${1:-}" in
+        jupyterhub-singleuser) shift && hub_args=("$@") && set -- ;;
+        -*) hub_args=("$@") && set -- ;;
+    esac
 else
     hub=no
 fi
