@@ -26,6 +26,7 @@ CHP_VERSION = "4.6.2"
 CHP_DIR = ROOT / ".cache/configurable-http-proxy"
 CHP = CHP_DIR / "node_modules/.bin/configurable-http-proxy"
 USER = "ada"
+OWN_TOKEN = "a-token-of-its-own"  # in the spawner's environment: must not become a way in
 
 
 def free_port(ip):
@@ -75,7 +76,7 @@ def hub_config(workdir, gateway, network, admin_token, password, prefix, user):
         "DockerSpawner.use_internal_ip": True,
         "DockerSpawner.remove": False,  # the test inspects the stopped container, then removes it
         "DockerSpawner.name_template": prefix + "-{username}",
-        "DockerSpawner.environment": {"DOCTOR_AT_START": "no"},
+        "DockerSpawner.environment": {"DOCTOR_AT_START": "no", "JUPYTER_TOKEN": OWN_TOKEN},
         "DockerSpawner.extra_create_kwargs": {"user": user} if user else {},
         "Spawner.start_timeout": 90,
         "Spawner.http_timeout": 90,
@@ -199,6 +200,7 @@ def test_the_spawned_server_answers_through_the_proxy_with_the_hubs_auth(server,
     assert http_status(f"{server}/api/status", auth) == 200
     assert http_status(f"{server}/api/status") == 403
     assert http_status(f"{server}/api/status", {"Authorization": "token wrong"}) == 403
+    assert http_status(f"{server}/api/status", {"Authorization": f"token {OWN_TOKEN}"}) == 403
     # Notebook 7 and JupyterLab both
     assert http_status(f"{server}/tree", auth) == 200
     assert http_status(f"{server}/lab", auth) == 200
@@ -214,7 +216,8 @@ def test_a_kernel_imports_torch_in_workspace(server, user_token):
 def test_the_container_says_it_runs_the_singleuser_server_and_keeps_ssh(hub, server):
     logs = docker("logs", hub.container).stderr
     assert logs.count("JupyterHub: JUPYTERHUB_API_TOKEN is set") == 1, logs
-    assert "Jupyter: http://127.0.0.1" not in logs  # no token of its own
+    assert "JUPYTER_TOKEN/JUPYTER_PASSWORD ignored, the hub's login applies" in logs
+    assert "Jupyter: http://127.0.0.1" not in logs and OWN_TOKEN not in logs  # no token of its own
     # the healthcheck: sshd's banner, and the singleuser server's /api under the hub's prefix
     assert docker("exec", hub.container, "torchlab-healthcheck", check=False).returncode == 0, logs
     ssh = docker("exec", hub.container, "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/2222; head -c 8 <&3")
