@@ -428,7 +428,7 @@ unset SSH_PUBLIC_KEY
 # entrypoint consumes, JUPYTER_ENV_VARS_TO_UNSET, and what belongs to each process.
 # Login shells read it through /etc/profile.d, `ssh host CMD` through /etc/bash.bashrc.
 not_for_sessions=" JUPYTER_TOKEN JUPYTER_TOKEN_FILE JUPYTER_PASSWORD JUPYTER_PASSWORD_FILE SSH_PUBLIC_KEY"
-not_for_sessions+=" SSH_PUBLIC_KEY_FILE PUBLIC_KEY PUBLIC_KEY_FILE ${vars_to_unset[*]}"
+not_for_sessions+=" SSH_PUBLIC_KEY_FILE PUBLIC_KEY PUBLIC_KEY_FILE JUPYTERHUB_API_TOKEN JPY_API_TOKEN ${vars_to_unset[*]}"
 not_for_sessions+=" HOSTNAME HOME PWD OLDPWD SHLVL _ USER LOGNAME SHELL TERM MAIL "
 write_session_env() {
     local entry name value

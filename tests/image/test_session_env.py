@@ -23,7 +23,8 @@ DUMP = "python -c 'import json, os; print(json.dumps(dict(os.environ)))'"
 
 @pytest.fixture(scope="module")
 def container(module_containers, ssh_key):
-    return module_containers.run(env={**PASSED, "JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]})
+    return module_containers.run(env={**PASSED, "JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1],
+                                      "JPY_API_TOKEN": "hub-secret"})  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -45,7 +46,7 @@ def test_interactive_terminal_session_has_them(container, ssh_key):
 
 def test_no_secret_reaches_a_session(container, ssh_key):
     env = ssh(container, ssh_key[0], "env; bash -lc env").stdout
-    assert TOKEN not in env
+    assert TOKEN not in env and "hub-secret" not in env
     assert "JUPYTER_TOKEN" not in env and "SSH_PUBLIC_KEY" not in env
     assert ssh_key[1].split()[1] not in env
     # Per-process variables are the session's own, not the container's.
