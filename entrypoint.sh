@@ -10,7 +10,7 @@
 #      (jupyterhub-singleuser in place of the standalone server when a JupyterHub spawned it)
 # Every variable is documented in README.md. Files other parts read, all in /run/torchlab:
 #   services             exists while the services are meant to run (the healthcheck's cue);
-#                        it holds the URL of Jupyter's /api (the hub's prefix under JupyterHub)
+#                        under JupyterHub it holds the URL of Jupyter's /api (the hub's prefix)
 #   session-env.sh       the container's environment for SSH sessions (/etc/profile.d/torchlab.sh
 #                        and /etc/bash.bashrc source it)
 #   authorized_keys/USER keys from SSH_PUBLIC_KEY / PUBLIC_KEY (sshd's AuthorizedKeysFile)
@@ -135,9 +135,10 @@ done
 ((10#$SSH_PORT != 10#$JUPYTER_PORT)) ||
     die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
 SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
-# What the healthcheck asks: Jupyter's /api, which answers without auth.
-jupyter_probe=http://127.0.0.1:$JUPYTER_PORT/api
-[ "$hub" = no ] || jupyter_probe=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
+# What the healthcheck asks under a hub: Jupyter's /api at the hub's port and prefix (without a
+# hub it asks JUPYTER_PORT's /api).
+hub_probe=""
+[ "$hub" = no ] || hub_probe=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
 for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START; do
     case "${!var}" in
         yes | 1 | true) printf -v "$var" yes ;;
@@ -198,7 +199,7 @@ else
         die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
 fi
 rm -f /run/torchlab/services
-[ $# -gt 0 ] || printf '%s\n' "$jupyter_probe" >/run/torchlab/services
+[ $# -gt 0 ] || printf '%s\n' "$hub_probe" >/run/torchlab/services
 
 run_hooks() {  # DIR: *.sh files are sourced, other executables run; in name order
     local f
