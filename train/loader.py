@@ -124,18 +124,19 @@ def shared_memory_needed(workers, prefetch_factor, one_batch_bytes):
 def fit_to_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes):
     """The (workers, prefetch_factor) nearest those asked for whose batches fit in free_bytes of /dev/shm:
     prefetch_factor is lowered first, then workers. Raises SharedMemoryError when one batch does not fit."""
-    while shared_memory_needed(workers, prefetch_factor, one_batch_bytes) > free_bytes:
-        if prefetch_factor > 1:
-            prefetch_factor -= 1
-        elif workers > 1:
-            workers -= 1
-        else:
-            raise SharedMemoryError(
-                f"/dev/shm has {free_bytes / MB:.0f} MB free: not enough for one loader worker's batches "
-                f"({shared_memory_needed(1, 1, one_batch_bytes) / MB:.0f} MB of {one_batch_bytes / MB:.1f} MB each); "
-                "start the container with --shm-size=8g (or --ipc=host), or use --workers 0 or a smaller --batch-size"
-            )
-    return workers, prefetch_factor
+    if shared_memory_needed(workers, prefetch_factor, one_batch_bytes) <= free_bytes:
+        return workers, prefetch_factor
+    # Batches that may be in flight: what fits, less those the main process holds (any flag value, in one step).
+    in_flight = free_bytes // one_batch_bytes - BATCHES_HELD_BY_MAIN
+    if in_flight >= workers:
+        return workers, in_flight // workers
+    if in_flight >= 1:
+        return in_flight, 1
+    raise SharedMemoryError(
+        f"/dev/shm has {free_bytes / MB:.0f} MB free: not enough for one loader worker's batches "
+        f"({shared_memory_needed(1, 1, one_batch_bytes) / MB:.0f} MB of {one_batch_bytes / MB:.1f} MB each); "
+        "start the container with --shm-size=8g (or --ipc=host), or use --workers 0 or a smaller --batch-size"
+    )
 
 
 def collate_uint8(samples):

@@ -18,6 +18,9 @@ def test_in_flight_batches_are_lowered_to_fit_and_one_batch_too_many_fails_with_
     assert loader.fit_to_shared_memory(2, 4, batch, 1000 * MB) == (2, 4)
     assert loader.fit_to_shared_memory(2, 4, batch, 64 * MB) == (2, 2)  # (2 x 2 + 2) x 9.6 MB = 58 MB
     assert loader.fit_to_shared_memory(4, 1, batch, 40 * MB) == (2, 1)
+    # Any flag value is fitted at once (it once took a step per unit of --prefetch-factor).
+    assert loader.fit_to_shared_memory(2, 10**30, batch, 64 * MB) == (2, 2)
+    assert loader.fit_to_shared_memory(10**30, 10**30, batch, 40 * MB) == (2, 1)
     with pytest.raises(loader.SharedMemoryError, match="--shm-size=8g"):
         loader.fit_to_shared_memory(2, 4, batch, 20 * MB)
 
