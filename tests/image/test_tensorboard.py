@@ -17,15 +17,17 @@ SHORT_RUN = (
     "--batch-size 16 --workers 2 --log-interval 2 --epochs 1 --max-steps 4"
 )
 AUTH = {"Authorization": f"token {TOKEN}"}
-# The tags of every tf-scalar-card on the page: they live in nested shadow roots, out of reach of querySelector.
-SCALAR_CARD_TAGS = """(() => {
-    const tags = [];
+# The tags of the page's scalar cards (tf-scalar-card) and how many chart lines are drawn (svg path.line): they live
+# in nested shadow roots, out of reach of a plain querySelector.
+SCALAR_CARDS = """(() => {
+    const cards = {tags: [], lines: 0};
     const walk = root => root.querySelectorAll('*').forEach(element => {
-        if (element.tagName === 'TF-SCALAR-CARD') tags.push(element.tag);
+        if (element.tagName === 'TF-SCALAR-CARD') cards.tags.push(element.tag);
+        if (element.tagName === 'path' && element.classList.contains('line')) cards.lines++;
         if (element.shadowRoot) walk(element.shadowRoot);
     });
     walk(document);
-    return tags;
+    return cards;
 })()"""
 
 
@@ -87,8 +89,13 @@ def test_browser_shows_the_scalars_page(trained, browser_page):
     browser_page.call("Page.navigate", url=f"http://127.0.0.1:{port}/tensorboard/?token={TOKEN}#scalars")
     screenshot = ARTIFACTS / "tensorboard-scalars.png"
     try:
-        cards = wait_for(lambda: browser_page.evaluate(SCALAR_CARD_TAGS), 120, "the scalar cards of the run")
-        assert "train/loss" in cards and "train/accuracy" in cards, cards
+
+        def drawn():
+            cards = browser_page.evaluate(SCALAR_CARDS)
+            return cards["tags"] and cards["lines"] >= len(cards["tags"]) and cards
+
+        cards = wait_for(drawn, 120, "the run's scalar cards with their chart lines")
+        assert {"train/loss", "train/accuracy", "train/lr"} <= set(cards["tags"]), cards
     finally:
         browser_page.screenshot(screenshot)
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
