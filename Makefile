@@ -98,6 +98,7 @@ run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start t
 	done; \
 	token=$$($(DOCKER_CLI) logs $$name 2>&1 | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p' | head -n1); \
 	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/$(if $(filter lab,$(JUPYTER_UI)),lab,tree)?token=$$token"; \
+	echo "TensorBoard: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tensorboard/?token=$$token"; \
 	echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"; \
 	echo "Stop:    $(STOP_COMMAND)"
 

@@ -22,3 +22,24 @@ if password_hash:
 # With neither a token nor a password the server makes a random token itself:
 # there is no configuration of this image that runs Jupyter without auth.
 c.PasswordIdentityProvider.allow_password_change = False
+
+# TensorBoard at /tensorboard/ (jupyter-server-proxy): started on the first request, behind the same token or
+# password as Jupyter, listening on 127.0.0.1 inside the container only. It reads TENSORBOARD_LOGDIR, else
+# TORCHLAB_RUNS (where train.py's run directories are). --load_fast=false: TensorBoard's own reader, with no
+# second (data server) process.
+tensorboard_logdir = os.environ.get("TENSORBOARD_LOGDIR") or os.environ.get("TORCHLAB_RUNS", "/workspace/runs")
+c.ServerProxy.servers = {
+    "tensorboard": {
+        "command": [
+            "tensorboard",
+            "--host=127.0.0.1",
+            "--port={port}",
+            "--path_prefix={base_url}tensorboard",
+            f"--logdir={tensorboard_logdir}",
+            "--load_fast=false",
+        ],
+        "absolute_url": True,  # the path reaches TensorBoard whole, as its --path_prefix expects
+        "timeout": 60,  # seconds for it to start listening
+        "launcher_entry": {"title": "TensorBoard"},
+    }
+}

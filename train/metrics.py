@@ -2,11 +2,14 @@
 
 On a terminal, a tqdm bar per epoch shows the latest interval; into a file (nohup ... > log.txt), a plain
 line every --log-interval steps. Records have a "kind": "interval" (every --log-interval steps), "epoch"
-(training and validation totals of an epoch) or "loader_only". Only rank 0 reports.
+(training and validation totals of an epoch) or "loader_only". Only rank 0 reports. The scalars of the
+interval and epoch records also go to a TensorBoard event file in RUN_DIR (events.out.tfevents.*), flushed at
+the end of each epoch and of the run.
 """
 
 import contextlib
 import json
+import os
 import time
 
 import torch
@@ -27,6 +30,12 @@ LINE_FIELDS = (
     ("gpu_util", "GPU {}%"),
     ("gpu_mem_gb", "GPU mem {:.1f} GB"),
 )
+
+# What TensorBoard shows: these fields of the interval and epoch records, as "<section>/<field>" at the record's step.
+TENSORBOARD_FIELDS = (
+    "loss", "accuracy", "val_loss", "val_accuracy", "lr", "images_per_sec", "data_wait_frac", "gpu_util", "gpu_mem_gb",
+)  # fmt: skip
+TENSORBOARD_SECTIONS = {"interval": "train", "epoch": "epoch"}
 
 
 def format_record(record):
@@ -91,6 +100,7 @@ class RunLog:
         self.enabled = metrics_path is not None
         self.interactive = interactive
         self.bar = None
+        self.tensorboard = None  # the SummaryWriter, made at the first scalar
 
     def start_epoch(self, epoch, steps, steps_done):
         if self.enabled and self.interactive:
@@ -108,15 +118,31 @@ class RunLog:
             self.print(format_record(record))
 
     def end_epoch(self, record):
-        self.close()
+        self.end_bar()
         self.write(record)
         self.print(format_record(record))
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
 
     def write(self, record):
-        """Append a record to metrics.jsonl; the file is closed after each, so any reader sees whole lines."""
+        """Append a record to metrics.jsonl (the file is closed after each, so any reader sees whole lines), and
+        its scalars to the TensorBoard event file."""
         if self.enabled:
             with open(self.metrics_path, "a") as metrics_file:
                 metrics_file.write(json.dumps(record) + "\n")
+            self.add_scalars(record)
+
+    def add_scalars(self, record):
+        section = TENSORBOARD_SECTIONS.get(record["kind"])
+        if section is None:
+            return
+        if self.tensorboard is None:
+            from torch.utils.tensorboard import SummaryWriter  # only runs that log scalars pay for the import
+
+            self.tensorboard = SummaryWriter(log_dir=os.path.dirname(self.metrics_path))
+        for field in TENSORBOARD_FIELDS:
+            if record.get(field) is not None:
+                self.tensorboard.add_scalar(f"{section}/{field}", record[field], global_step=record["step"])
 
     def print(self, text):
         if not self.enabled:
@@ -126,8 +152,15 @@ class RunLog:
         else:
             print(text, flush=True)
 
-    def close(self):
+    def end_bar(self):
         """End the progress bar, if any."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+    def close(self):
+        """At the end of the run: the progress bar ends, and the event file is flushed and closed."""
+        self.end_bar()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None

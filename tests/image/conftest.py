@@ -238,3 +238,12 @@ def production_image():
 def require_tool(name):
     if shutil.which(name) is None:
         pytest.skip(f"{name} is not installed on this host")
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A headless Chromium with a fresh profile (browser.py); yields its one tab. Skips without Chromium."""
+    import browser
+
+    with browser.headless_chromium(tmp_path) as page:
+        yield page

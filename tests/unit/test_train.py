@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from conftest import QUICK_RUN, TRAIN_ENV, TRAIN_SCRIPT, last_step, read_metrics, run_train, start_train, wait_until
 
 
@@ -41,6 +43,30 @@ def test_a_short_run_learns_and_reports(sample_set, tmp_path):
     assert checkpoint_names(run_dir) == ["checkpoint-00000018.pt", "checkpoint-00000024.pt", "checkpoint-00000030.pt"]
     assert re.search(r"^epoch 4 step 30 \| loss \d", result.stdout, re.MULTILINE)  # plain lines into a pipe
     assert "finished --epochs 5 at step 30" in result.stdout
+
+
+def test_a_run_writes_its_scalars_as_tensorboard_events(sample_set, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    result = run_train("--data", sample_set, "--run-dir", run_dir, "--epochs", "1", "--workers", "0", *QUICK_RUN)
+    assert result.returncode == 0, result.stderr
+
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for field in ("loss", "accuracy", "lr", "images_per_sec", "data_wait_frac"):
+        assert {f"train/{field}", f"epoch/{field}"} <= tags, tags
+    assert {"epoch/val_loss", "epoch/val_accuracy"} <= tags
+    intervals = read_metrics(run_dir, "interval")
+    losses = events.Scalars("train/loss")
+    assert [event.step for event in losses] == [record["step"] for record in intervals] == list(range(1, 7))
+    assert [event.value for event in losses] == pytest.approx([record["loss"] for record in intervals])
+    (epoch,) = read_metrics(run_dir, "epoch")
+    assert [(event.step, event.value) for event in events.Scalars("epoch/val_accuracy")] == [
+        (6, pytest.approx(epoch["val_accuracy"]))
+    ]
 
 
 def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_path):
@@ -160,12 +186,14 @@ def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_pat
     assert len(read_metrics(run_dir, "epoch")) == 2
     assert len(re.findall(r"^epoch \d step \d \|", result.stdout, re.MULTILINE)) == 6
     assert checkpoint_names(run_dir) == ["checkpoint-00000003.pt", "checkpoint-00000006.pt"]
-    assert sorted(os.listdir(run_dir)) == [
+    files = sorted(os.listdir(run_dir))
+    assert [name for name in files if not name.startswith("events.out.tfevents.")] == [
         "checkpoint-00000003.pt",
         "checkpoint-00000006.pt",
         "config.json",
         "metrics.jsonl",
     ]
+    assert len(files) == 5  # one TensorBoard event file, rank 0's
 
 
 def test_compile_trains_on_the_cpu(sample_set, tmp_path):
