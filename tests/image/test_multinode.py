@@ -106,7 +106,10 @@ def test_two_nodes_train_one_job_and_rank_0_checkpoints_to_the_shared_volume(sta
     config = json.loads(job.in_run_dir("cat", "config.json").stdout)
     assert config["world_size"] == len(NODES) * PROCESSES_PER_NODE
     assert f"stopped by --max-steps 4 at epoch 0, step 4: saved {RUN_DIR}/checkpoint-00000004.pt" in job.logs()
-    assert job.in_run_dir("ls").stdout.split() == ["checkpoint-00000004.pt", "config.json", "metrics.jsonl"]
+    files = job.in_run_dir("ls").stdout.split()
+    events = [name for name in files if name.startswith("events.out.tfevents.")]
+    assert len(events) == 1, files  # TensorBoard's, written by rank 0 alone
+    assert sorted(set(files) - set(events)) == ["checkpoint-00000004.pt", "config.json", "metrics.jsonl"]
     records = [json.loads(line) for line in job.in_run_dir("cat", "metrics.jsonl").stdout.splitlines()]
     assert [record["step"] for record in records if record["kind"] == "interval"] == [2, 4]
 
