@@ -91,16 +91,16 @@ ENV PATH=/opt/env/bin:/workspace/.local/bin:$PATH \
 RUN --mount=type=secret,id=ca_bundle \
     apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo \
+        openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo acl \
         ca-certificates git less nano g++ \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 
 # The user: docker-stacks' contract (jovyan, UID 1000, GID 100 `users`).
 # `*` rather than the locked `!` password: no password login, yet sshd (without PAM)
 # still accepts keys for the account.
-# Starts as a user (--user, runAsNonRoot, OpenShift's arbitrary UIDs with GID 0): group 0 may
-# write /etc/passwd, to add an entry for its UID (a root start takes that back), and /run/torchlab
-# is writable. So that a passwd entry cannot be turned into root, no program keeps its setuid bit
+# Starts as a user (--user, runAsNonRoot, OpenShift's arbitrary UIDs with GID 0, or any UID with
+# GID 100): groups 0 and users may write /etc/passwd (an ACL for the second), to add an entry for
+# its UID (a root start takes that back), and /run/torchlab is writable. So that a passwd entry cannot be turned into root, no program keeps its setuid bit
 # but sudo, which obeys only the sudoers files (GRANT_SUDO, root starts alone). `ssh host CMD`
 # reads /etc/bash.bashrc before its interactive-only guard: the session's environment goes first.
 # hadolint ignore=SC2016
@@ -108,7 +108,7 @@ RUN useradd --create-home --shell /bin/bash --uid 1000 --gid 100 --password '*' 
  && mkdir -p /workspace /etc/ssh/host_keys \
         /usr/local/bin/start-notebook.d /usr/local/bin/before-notebook.d \
  && chown 1000:100 /workspace \
- && chgrp 0 /etc/passwd && chmod 0664 /etc/passwd \
+ && chgrp 0 /etc/passwd && chmod 0664 /etc/passwd && setfacl -m g:users:rw /etc/passwd \
  && install -d -m 1777 /run/torchlab \
  && find / -xdev -perm -4000 -type f ! -path /usr/bin/sudo -exec chmod u-s {} + \
  && sed -i '1i [ -n "${TORCHLAB_SESSION_ENV:-}" ] || [ -z "${SSH_CONNECTION:-}" ] || . /etc/profile.d/torchlab.sh' \

@@ -92,8 +92,8 @@ for var in NB_USER NB_GROUP; do
         die "$var='${!var}': expected a Linux $([ "$var" = NB_USER ] && echo user || echo group) name (lower-case letters, digits, _ or -, at most 32)"
 done
 # As a user (docker run --user, runAsNonRoot, OpenShift's arbitrary UIDs): sshd, ssh-keygen, git
-# and pip need a passwd entry for the UID. The image lets group 0 write /etc/passwd for this, as
-# docker-stacks does.
+# and pip need a passwd entry for the UID. The image lets groups 0 (as docker-stacks does) and
+# users (100) write /etc/passwd for this.
 ensure_passwd_entry() {
     local uid gid home
     uid=$(id -u) gid=$(id -g)
@@ -101,7 +101,7 @@ ensure_passwd_entry() {
     if [ ! -w /etc/passwd ]; then
         # A command may do without a name; sshd cannot.
         local why="UID $uid has no passwd entry and /etc/passwd is not writable"
-        local fix="start with GID 0 (--user $uid:0) on a writable root file system, or with a UID of the image such as 1000"
+        local fix="start with GID 0 or 100 (--user $uid:0) on a writable root file system, or with a UID of the image such as 1000"
         [ "$#" -gt 0 ] || die "$why: expected to $fix"
         log "warning: $why, so ssh, git and pip --user may fail: $fix"
         return 0
@@ -311,7 +311,8 @@ setup_user_as_root() {
     else
         rm -f /etc/sudoers.d/torchlab
     fi
-    # /etc/passwd is group 0's to write only for starts as an arbitrary UID with GID 0 (below).
+    # /etc/passwd is writable by groups 0 and users only for starts as a user (below); chmod also
+    # sets the ACL's mask, so neither group keeps it.
     chmod 0644 /etc/passwd 2>/dev/null || true  # a read-only root keeps it unwritable anyway
     # A /workspace that Docker made for a bind mount is root's and empty; the image's own is
     # jovyan's (1000). Either way it becomes the user's; a mounted folder of someone else's is left.

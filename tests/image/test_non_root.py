@@ -33,17 +33,16 @@ def check_services(container, key, uid):
     assert container.state()["ExitCode"] == 0
 
 
-def test_arbitrary_uid_with_gid_0(containers, ssh_key, tmp_path):
+@pytest.mark.parametrize("gid", [0, 100], ids=["GID 0 (OpenShift)", "GID 100 (users)"])
+def test_arbitrary_uid(containers, ssh_key, tmp_path, gid):
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    os.chown(workspace, 1010, 0)
-    container = containers.run("--user", "1010:0", "-v", f"{workspace}:/workspace",
+    os.chown(workspace, 1010, gid)
+    container = containers.run("--user", f"1010:{gid}", "-v", f"{workspace}:/workspace",
                                env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]})  # fmt: skip
     assert "UID 1010 had no passwd entry: it is now jovyan" in container.logs()
-    assert ssh(container, ssh_key[0], "id -un; echo $HOME; git --version").stdout.split()[:2] == [
-        "jovyan",
-        "/workspace",
-    ]
+    who = ssh(container, ssh_key[0], "id -un; echo $HOME; git --version").stdout.split()
+    assert who[:2] == ["jovyan", "/workspace"]
     assert (workspace / "notebooks").stat().st_uid == 1010
     check_services(container, ssh_key[0], 1010)
 
@@ -79,8 +78,8 @@ def test_no_setuid_program_but_sudo():
     assert out.split() == ["/usr/bin/sudo"]
 
 
-@pytest.mark.parametrize(("user", "writable"), [("1000:100", "no"), ("1010:0", "yes")])
-def test_passwd_is_writable_only_for_starts_as_a_user_with_gid_0(user, writable):
+@pytest.mark.parametrize(("user", "writable"), [("1000:100", "yes"), ("1010:0", "yes"), ("1010:1010", "no")])
+def test_passwd_is_writable_only_for_starts_as_a_user_with_gid_0_or_100(user, writable):
     probe = "test -w /etc/passwd && echo yes || echo no"
     assert docker("run", "--rm", "--user", user, IMAGE, "sh", "-c", probe).stdout.strip() == writable
 
@@ -90,11 +89,11 @@ def test_a_root_start_takes_group_0s_write_on_passwd_back():
 
 
 def test_uid_that_cannot_get_an_entry_stops_the_services_but_runs_a_command():
-    # GID 1010 may not write /etc/passwd: sshd could not run, a command can.
+    # GID 1010 may not write /etc/passwd (groups 0 and 100 may): sshd could not run, a command can.
     services = docker("run", "--rm", "--user", "1010:1010", IMAGE, check=False, timeout=60)
     assert services.returncode == 2
     assert services.stderr.strip().startswith("torchlab: error: UID 1010 has no passwd entry")
     assert len(services.stderr.strip().splitlines()) == 1
-    command = docker("run", "--rm", "--user", "1010:1010", "--group-add", "users", IMAGE, "id")
-    assert command.stdout.strip() == "uid=1010 gid=1010 groups=1010,100(users)"
+    command = docker("run", "--rm", "--user", "1010:1010", IMAGE, "id")
+    assert command.stdout.strip() == "uid=1010 gid=1010 groups=1010"
     assert "warning: UID 1010 has no passwd entry" in command.stderr
