@@ -64,6 +64,21 @@ RUN --mount=type=secret,id=ca_bundle \
  && cuda="$(case "$TORCH_INDEX_URL" in */cu118*) echo 11.8;; esac)" \
  && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file"
 
+# ---------------------------------------------------------------- the torchlab package
+# A wheel of torchlab/ (pyproject.toml), built with the env's Python; the runtime installs it without
+# dependencies (the env has them, pinned) and without leaving the sources or the build behind.
+# A stage of this file, not an image to pull.
+# hadolint ignore=DL3006
+FROM env-${ENV_SOURCE} AS package
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY pyproject.toml VERSION LICENSE /tmp/torchlab-src/
+COPY torchlab/ /tmp/torchlab-src/torchlab/
+RUN --mount=type=secret,id=ca_bundle \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    if [ -f /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+    /opt/env/bin/pip wheel --no-deps --wheel-dir /wheels /tmp/torchlab-src
+
 # ---------------------------------------------------------------- shared runtime
 # A stage of this file, not an image to pull.
 # hadolint ignore=DL3006
@@ -121,11 +136,15 @@ COPY config/sshd_config /etc/ssh/sshd_config
 COPY config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
 COPY config/profile.sh /etc/profile.d/torchlab.sh
 COPY config/healthcheck.sh /usr/local/bin/torchlab-healthcheck
-COPY config/torchlab /usr/local/bin/torchlab
 COPY environment.yml config/envspec.py /opt/torchlab/
 
-# Code last: a code-only change rebuilds from here in seconds.
-COPY train/ /opt/torchlab/train/
+# Code last: a code-only change rebuilds from here in seconds. The package goes into the env (the
+# `torchlab` command lands in /opt/env/bin); train.py, in the login directory, is its two-line shim.
+RUN --mount=type=bind,from=package,source=/wheels,target=/tmp/wheels \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+    /opt/env/bin/pip install --no-deps --no-cache-dir /tmp/wheels/torchlab-*.whl
+COPY train.py /opt/torchlab/train.py
+COPY docs/training.md /opt/torchlab/README.md
 COPY notebooks/ /opt/torchlab/notebooks/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 

@@ -75,10 +75,10 @@ $(VENV)/.done: tests/requirements.txt
 image: ## build the image if it is absent or older than a file it is built from
 	+@$(if $(IMAGE_BUILD),$(SUB_MAKE) build)
 
-$(SAMPLE_DATA)/.done: $(wildcard train/*.py) | image
+$(SAMPLE_DATA)/.done: $(wildcard torchlab/tools/sample_data.py) | image
 	mkdir -p .cache
-	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --entrypoint python -v $(CURDIR)/.cache:/cache $(IMAGE) \
-		/opt/torchlab/train/sample_data.py /cache/sample-data
+	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --entrypoint torchlab -v $(CURDIR)/.cache:/cache $(IMAGE) \
+		sample-data /cache/sample-data
 	touch $@
 
 run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start the container (ports on 127.0.0.1, /data, GPUs if present)
@@ -124,8 +124,8 @@ compose-down: ## stop the compose service (volumes kept)
 bench: ## compare input pipelines (naive, classic, torchlab, prepared) with ceilings; .cache/bench/results/bench.{json,png}
 	mkdir -p .cache/bench
 	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --shm-size=2g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
-		-v $(CURDIR)/.cache/bench:/cache --entrypoint python $(IMAGE) \
-		/opt/torchlab/train/bench.py --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
+		-v $(CURDIR)/.cache/bench:/cache --entrypoint torchlab $(IMAGE) \
+		bench --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
 
 # What is inside the image, e.g. py310-cu118: the start of its tags and lock file names.
 INSIDE = $(DOCKER_CLI) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \
@@ -146,7 +146,7 @@ shell: ## a shell in a throwaway container, as the user
 
 lint: $(VENV)/.done ## hadolint, shellcheck, ruff
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck entrypoint.sh config/*.sh config/torchlab .ci/run tools/detect-build
+	$(VENV)/bin/shellcheck entrypoint.sh config/*.sh .ci/run tools/detect-build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
@@ -155,7 +155,7 @@ test: lint test-static build test-unit test-image ## lint, static checks, build,
 test-static: $(VENV)/.done ## checks of the production path that need no build (env pins, Dockerfile)
 	$(VENV)/bin/pytest tests/static
 
-test-unit: ## train/ tests, on the CPU, inside the image
+test-unit: ## the torchlab package's tests, on the CPU, inside the image (on the sources in this folder)
 	$(DOCKER_CLI) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
 		python -m pytest -p no:cacheprovider tests/unit
 

@@ -382,8 +382,12 @@ if [ -d /workspace ] && [ ! -e /workspace/notebooks ]; then
     "${as_user[@]}" cp -r /opt/torchlab/notebooks /workspace/notebooks ||
         log "warning: could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
 fi
+# A link made by an image before 0.3 points at /opt/torchlab/train/train.py, which is gone: it is re-pointed.
+if [ "$(readlink "$HOME_DIR/train.py" 2>/dev/null)" = /opt/torchlab/train/train.py ]; then
+    "${as_user[@]}" rm -f "$HOME_DIR/train.py" 2>/dev/null || true
+fi
 if [ ! -e "$HOME_DIR/train.py" ] && [ ! -L "$HOME_DIR/train.py" ]; then
-    "${as_user[@]}" ln -s /opt/torchlab/train/train.py "$HOME_DIR/train.py" 2>/dev/null || true
+    "${as_user[@]}" ln -s /opt/torchlab/train.py "$HOME_DIR/train.py" 2>/dev/null || true
 fi
 
 # ---------------------------------------------------------------- 3. SSH

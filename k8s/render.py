@@ -97,12 +97,11 @@ def torchlab_container(values, name, volume_mounts, **fields):
     }
 
 
-def dev_manifests(values):
+def dev_container(values):
+    """The workstation's container: both ports, the workspace, host keys and secrets, probes on the services."""
     name, mounts, secret, dev = values["name"], values["mount_paths"], values["secret"], values["dev"]
-    workspace_claim, host_keys_claim = f"{name}-workspace", f"{name}-ssh-host-keys"
     ports = [{"name": port, "containerPort": values["ports"][port]} for port in ("jupyter", "ssh")]
-    secret_files = [{"key": key, "path": key} for key in secret["keys"]]
-    container = torchlab_container(
+    return torchlab_container(
         values,
         name,
         [
@@ -123,9 +122,15 @@ def dev_manifests(values):
             "failureThreshold": 3,
         },
     )
+
+
+def dev_manifests(values):
+    name, secret, dev = values["name"], values["secret"], values["dev"]
+    workspace_claim, host_keys_claim = f"{name}-workspace", f"{name}-ssh-host-keys"
+    secret_files = [{"key": key, "path": key} for key in secret["keys"]]
     pod_spec = {
         "securityContext": pod_security_context(values),
-        "containers": [container],
+        "containers": [dev_container(values)],
         # Time for a train.py started over SSH to checkpoint (README: `docker stop -t 60`).
         "terminationGracePeriodSeconds": values["stop_grace_period_s"],
         "volumes": [
@@ -153,9 +158,7 @@ def dev_manifests(values):
         "metadata": object_metadata(values, name, "dev"),
         "spec": {
             "selector": component_labels(values, "dev"),
-            "ports": [
-                {"name": port["name"], "port": port["containerPort"], "targetPort": port["name"]} for port in ports
-            ],
+            "ports": [{"name": port, "port": values["ports"][port], "targetPort": port} for port in ("jupyter", "ssh")],
         },
     }
     return {
@@ -179,7 +182,7 @@ def torchrun_args(values):
         "--node-rank=$(JOB_COMPLETION_INDEX)",
         f"--master-addr={train['job']}-0.{train['job']}",
         f"--master-port={values['ports']['rendezvous']}",
-        "/opt/torchlab/train/train.py",
+        "/opt/torchlab/train.py",
         "--data",
         values["mount_paths"]["data"],
         "--run-dir",

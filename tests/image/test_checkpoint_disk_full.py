@@ -5,8 +5,8 @@ from conftest import IMAGE, docker
 
 # mobilenet_v3_small with AdamW: a checkpoint of about 18 MB, so 30 MB hold one but not a second.
 RUN = (
-    "python /opt/torchlab/train/sample_data.py /tmp/data >/dev/null && "
-    "python /opt/torchlab/train/train.py --data /tmp/data --run-dir /runs/full --epochs 3 --workers 0 "
+    "torchlab sample-data /tmp/data >/dev/null && "
+    "python /opt/torchlab/train.py --data /tmp/data --run-dir /runs/full --epochs 3 --workers 0 "
     "--arch mobilenet_v3_small --image-size 48 --batch-size 16 --optimizer adamw --keep-checkpoints 3"
 )
 

@@ -223,6 +223,15 @@ def test_train_py_runs_in_the_login_directory(services, ssh_key):
     assert "--data" in out
 
 
+def test_the_torchlab_command_has_each_subcommand_with_help(services):
+    for command in ("train", "doctor", "bench", "prepare", "sample-data", "autotune"):
+        out = services.exec("torchlab", command, "--help", user="jovyan").stdout
+        assert out.startswith(f"usage: torchlab {command} "), (command, out[:200])
+    assert "sample-data" in services.exec("torchlab", "--help", user="jovyan").stdout
+    unknown = services.exec("torchlab", "nonsense", user="jovyan", check=False)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("torchlab: error: unknown command 'nonsense'")
+
+
 def test_start_log_carries_the_doctors_report(containers):
     container = containers.run()
     wait_for(lambda: "torchlab: doctor: " in container.logs() and "shm" in container.logs(), 120, "the doctor's report")

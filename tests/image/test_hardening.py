@@ -45,7 +45,7 @@ def test_concurrent_kernels_all_execute(services):
 
 def test_jupyter_and_a_kernel_stay_responsive_while_a_2_process_training_run_uses_every_cpu(services, ssh_key):
     # A real training run started over SSH as a user would: 2 processes, each with its loader workers.
-    ssh(services, ssh_key[0], "python /opt/torchlab/train/sample_data.py /tmp/load-data", timeout=300)
+    ssh(services, ssh_key[0], "torchlab sample-data /tmp/load-data", timeout=300)
     run = ("nohup torchrun --standalone --nproc_per_node=2 train.py --data /tmp/load-data --arch resnet18 "
            "--image-size 64 --batch-size 16 --epochs 50 --run-dir /tmp/load-run > /tmp/load.log 2>&1 &")  # fmt: skip
     ssh(services, ssh_key[0], run)

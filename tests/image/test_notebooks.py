@@ -22,7 +22,7 @@ NOTEBOOK_TIMEOUT_S = 360
 # What each notebook must show once it has run: images (its plots), and text or HTML that only a working run makes.
 EXPECTED_OUTPUTS = {
     "01-environment-check.ipynb": {"images": 0, "contains": ['<table class="torchlab-doctor"', "doctor: "]},
-    "02-data-and-loader.ipynb": {"images": 4, "contains": ["--workers", "4 classes", "python /opt/torchlab/train"]},
+    "02-data-and-loader.ipynb": {"images": 4, "contains": ["--workers", "4 classes", "python train.py --data"]},
     "03-train-and-monitor.ipynb": {"images": 2, "contains": ["resumed from", "exited with status 0"]},
 }
 
@@ -45,7 +45,9 @@ def test_committed_notebooks_carry_no_outputs_and_use_the_env_kernel():
         for cell in code_cells(notebook):
             assert cell["outputs"] == [], f"{path.name} cell {cell.get('id')} has outputs: clear them"
             assert cell["execution_count"] is None, f"{path.name} cell {cell.get('id')} has an execution count"
-        assert "/opt/torchlab/train" in "".join(code_cells(notebook)[0]["source"]), path.name
+        # The package is imported as installed: no sys.path edit in any cell.
+        assert "from torchlab" in "".join(code_cells(notebook)[0]["source"]), path.name
+        assert not any("sys.path" in "".join(cell["source"]) for cell in code_cells(notebook)), path.name
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +55,8 @@ def sample_data(tmp_path_factory):
     """The image's sample data set, generated on the host as the user who runs the tests."""
     folder = tmp_path_factory.mktemp("notebook-data")
     docker(
-        "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "--entrypoint", "python",
-        "-v", f"{folder}:/out", IMAGE, "/opt/torchlab/train/sample_data.py", "/out/data", timeout=300,
+        "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "--entrypoint", "torchlab",
+        "-v", f"{folder}:/out", IMAGE, "sample-data", "/out/data", timeout=300,
     )  # fmt: skip
     return folder / "data"
 

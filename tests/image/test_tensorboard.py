@@ -11,9 +11,9 @@ import pytest
 from browser import ARTIFACTS
 from conftest import TOKEN, http_status, wait_for
 
-SAMPLE_DATA = "python /opt/torchlab/train/sample_data.py /workspace/sample-data"
+SAMPLE_DATA = "torchlab sample-data /workspace/sample-data"
 SHORT_RUN = (
-    "python /opt/torchlab/train/train.py --data /workspace/sample-data --arch resnet18 --image-size 48 "
+    "python /opt/torchlab/train.py --data /workspace/sample-data --arch resnet18 --image-size 48 "
     "--batch-size 16 --workers 2 --log-interval 2 --epochs 1 --max-steps 4"
 )
 AUTH = {"Authorization": f"token {TOKEN}"}

@@ -9,7 +9,7 @@ import pytest
 from conftest import TOKEN, docker, http_status, ssh, wait_for
 
 # Small and quick on 2 CPU cores; the flags are the user's, only the sizes are shrunk.
-SAMPLE_DATA = "python /opt/torchlab/train/sample_data.py /workspace/sample-data"
+SAMPLE_DATA = "torchlab sample-data /workspace/sample-data"
 TRAIN_FLAGS = (
     "--data /workspace/sample-data --arch resnet18 --image-size 48 --batch-size 16 --workers 2 --log-interval 5"
 )

@@ -55,7 +55,7 @@ def test_chown_extra_recursive(tmp_path):
 
 def test_chown_extra_without_opts_is_not_recursive():
     out = run({"NB_UID": "1010", "CHOWN_EXTRA": "/opt/torchlab"}, "stat", "-c", "%u", "/opt/torchlab",
-              "/opt/torchlab/train").stdout.split()  # fmt: skip
+              "/opt/torchlab/notebooks").stdout.split()  # fmt: skip
     assert out == ["1010", "0"]
 
 

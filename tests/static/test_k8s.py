@@ -14,10 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from k8s import render  # the repository root is on pytest's pythonpath (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "k8s"
-sys.path.insert(0, str(K8S_DIR))
-import render  # noqa: E402
 
 KUBERNETES_VERSION = "1.30.0"
 VALUES = render.load_values()
@@ -68,7 +68,7 @@ def compose_mounts(service):
 def torchrun_flags(args):
     """{flag name: value} of torchrun's own flags, those before the script."""
     flags = {}
-    for arg in args[1 : args.index("/opt/torchlab/train/train.py")]:
+    for arg in args[1 : args.index("/opt/torchlab/train.py")]:
         name, _, value = arg.partition("=")
         flags[name] = value
     return flags

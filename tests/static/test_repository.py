@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "config"))
-import envspec  # noqa: E402
+from config import envspec  # the repository root is on pytest's pythonpath (pyproject.toml)
 
+ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENT = ROOT / "environment.yml"
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 

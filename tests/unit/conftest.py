@@ -1,11 +1,12 @@
-"""Fixtures for the train/ tests: its modules on sys.path, small generated data sets, and train.py runs.
+"""Fixtures for the torchlab package's tests: small generated data sets, and train.py runs.
 
-The modules import each other as siblings (`import data`), as train.py does when it runs, so the tests put
-train/ on sys.path and import them the same way.
+`python -m pytest` from the repository root (make test-unit) imports the package from torchlab/ there;
+train.py runs as the repository's two-line shim, which imports it the same way.
 """
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-TRAIN_DIR = Path(__file__).resolve().parents[2] / "train"
-sys.path.insert(0, str(TRAIN_DIR))
-TRAIN_SCRIPT = TRAIN_DIR / "train.py"
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = ROOT / "train.py"
 
 # A tiny network at a small size: a run takes seconds on two CPU cores. Dropout in mobilenet_v3_small also
 # puts torch's RNG state on the path that resume has to reproduce.
@@ -31,11 +31,25 @@ TRAIN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1
 @pytest.fixture(scope="session")
 def sample_set(tmp_path_factory):
     """sample_data.py's set: 4 classes, 24 training and 6 validation JPEGs each (~450 x 375 px)."""
-    import sample_data
+    from torchlab.tools import sample_data
 
     folder = tmp_path_factory.mktemp("sample") / "data"
     sample_data.write_sample_data(str(folder), classes=4, per_class=24, val_per_class=6, seed=0)
     return folder
+
+
+@pytest.fixture
+def signal_handlers_restored():
+    """train.main() installs signal handlers; give pytest its own back."""
+    saved = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    yield
+    for number, handler in saved.items():
+        signal.signal(number, handler)
+
+
+def torchlab_command(command, *args):
+    """`torchlab COMMAND ARGS`, run from this checkout's package."""
+    return [sys.executable, "-m", "torchlab", command, *map(str, args)]
 
 
 def train_command(*args):

@@ -1,44 +1,46 @@
-"""autotune.py and the /dev/shm guard: tuned settings saved, read back by --workers auto, never too big."""
+"""tools/autotune.py and the /dev/shm guard: tuned settings saved, read back by --workers auto, never too big."""
 
-import argparse
+import os
 
 import pytest
 import torch
 
-import autotune
-import cli
-import data
-import loader
+from torchlab import config, distributed, loader
+from torchlab.data import decode, splits
+from torchlab.tools import autotune, doctor
 
 MB = 10**6
 
 
+def fitted(workers, prefetch_factor, one_batch_bytes, free_bytes, processes=1):
+    fit = loader.fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, processes)
+    return (fit.workers, fit.prefetch_factor) if fit.possible else None
+
+
 def test_in_flight_batches_are_lowered_to_fit_and_one_batch_too_many_fails_with_the_fix():
     batch = loader.batch_bytes(64, 224)  # 9.6 MB
-    assert loader.fit_to_shared_memory(2, 4, batch, 1000 * MB) == (2, 4)
-    assert loader.fit_to_shared_memory(2, 4, batch, 64 * MB) == (2, 2)  # (2 x 2 + 2) x 9.6 MB = 58 MB
-    assert loader.fit_to_shared_memory(4, 1, batch, 40 * MB) == (2, 1)
+    assert fitted(2, 4, batch, 1000 * MB) == (2, 4)
+    assert fitted(2, 4, batch, 64 * MB) == (2, 2)  # (2 x 2 + 2) x 9.6 MB = 58 MB
+    assert fitted(4, 1, batch, 40 * MB) == (2, 1)
+    # Two processes on the machine share /dev/shm: each gets half.
+    assert fitted(2, 4, batch, 128 * MB, processes=2) == (2, 2)
+    assert loader.fit_shared_memory(2, 4, batch, 1000 * MB, 2).needed == 2 * (2 * 4 + 2) * batch
     # Any flag value is fitted at once (it once took a step per unit of --prefetch-factor).
-    assert loader.fit_to_shared_memory(2, 10**30, batch, 64 * MB) == (2, 2)
-    assert loader.fit_to_shared_memory(10**30, 10**30, batch, 40 * MB) == (2, 1)
-    with pytest.raises(loader.SharedMemoryError, match="--shm-size=8g"):
-        loader.fit_to_shared_memory(2, 4, batch, 20 * MB)
+    assert fitted(2, 10**30, batch, 64 * MB) == (2, 2)
+    assert fitted(10**30, 10**30, batch, 40 * MB) == (2, 1)
+    assert fitted(2, 4, batch, 20 * MB) is None
+    assert fitted(0, 4, batch, 0) == (0, 4)  # no workers: nothing in /dev/shm
 
 
 def options(workers, prefetch_factor):
-    return argparse.Namespace(
-        batch_size=8,
-        workers=workers,
-        prefetch_factor=prefetch_factor,
-        persistent_workers=False,
-        pin_memory=False,
-        seed=0,
+    return loader.LoaderSettings(
+        batch_size=8, workers=workers, prefetch_factor=prefetch_factor, persistent_workers=False, pin_memory=False
     )
 
 
 def test_the_loader_lowers_its_prefetch_to_a_small_shm_and_says_so(sample_set, monkeypatch, capsys):
-    _, train_index, _ = data.load_splits(str(sample_set), 0.1, 0)
-    dataset = data.ImageDataset(train_index, image_size=32, train=True, seed=0)
+    _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    dataset = decode.ImageDataset(train_index, image_size=32, train=True, seed=0)
     batch = loader.batch_bytes(8, 32)
     monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (64 * MB, (2 * 2 + 2) * batch))
 
@@ -52,35 +54,74 @@ def test_the_loader_lowers_its_prefetch_to_a_small_shm_and_says_so(sample_set, m
         loader.build_loader(dataset, options(2, 4), torch.device("cpu"), train=True)
 
 
+def resolved(argv):
+    return config.resolve(config.parse_args(argv), distributed.processes_from_environment())
+
+
 def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     sample_set, tmp_path, monkeypatch, capsys
 ):
     settings_file = tmp_path / "autotune.json"
     argv = ["--data", str(sample_set), "--image-size", "32", "--batch-size", "8", "--device", "cpu"]
     argv += ["--run-dir", str(tmp_path / "run"), "--autotune-file", str(settings_file)]
-    args = cli.parse_args([*argv, "--autotune", "--autotune-seconds", "1"])
+    flags = resolved([*argv, "--autotune", "--autotune-seconds", "1"])
     batch = loader.batch_bytes(8, 32)
-    monkeypatch.setattr(loader, "usable_cpu_count", lambda: 2)  # candidates: 1, 2 and 3 workers
+    monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)  # candidates: 1, 2 and 3 workers
     monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (64 * MB, (2 * 4 + 2) * batch))
-    _, train_index, _ = data.load_splits(str(sample_set), 0.1, 0)
-    dataset = data.ImageDataset(train_index, image_size=32, train=True, seed=0)
-    key = autotune.setting_key(args, cli.distributed.processes_from_environment())
+    _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    dataset = decode.ImageDataset(train_index, image_size=32, train=True, seed=0)
+    key = autotune.setting_key(flags.data, flags.image_size, flags.batch_size, flags.device, 1)
 
-    best = autotune.tune(dataset, args, torch.device("cpu"), key)
+    best = autotune.tune(dataset, flags, torch.device("cpu"), key)
 
     table = capsys.readouterr().out
     assert "3        8     on  skipped: /dev/shm too small" in table
     assert best["workers"] * best["prefetch_factor"] <= 2 * 4
     saved = autotune.saved_setting(str(settings_file), key)
     assert {name: saved[name] for name in best} == best
-    later = cli.parse_args(argv)
+    later = resolved(argv)
     assert (later.workers, later.prefetch_factor, later.jpeg_draft, later.autotuned) == (
         best["workers"],
         best["prefetch_factor"],
         best["jpeg_draft"],
         True,
     )
-    explicit = cli.parse_args([*argv, "--workers", "1"])
-    assert (explicit.workers, explicit.prefetch_factor, explicit.autotuned) == (1, cli.DEFAULT_PREFETCH_FACTOR, False)
-    other_batch = cli.parse_args([*argv, "--batch-size", "16"])
-    assert not other_batch.autotuned
+    explicit = resolved([*argv, "--workers", "1"])
+    assert (explicit.workers, explicit.prefetch_factor, explicit.autotuned) == (
+        1,
+        loader.DEFAULT_PREFETCH_FACTOR,
+        False,
+    )
+    assert not resolved([*argv, "--batch-size", "16"]).autotuned
+    # The doctor resolves --workers auto the same way, saved setting included.
+    report = doctor.run_checks(str(sample_set), batch_size=8, image_size=32, autotune_file=str(settings_file))
+    shm = next(check for check in report if check.name == "shared memory")
+    assert (shm.facts["workers"], shm.facts["prefetch_factor"]) == (best["workers"], best["prefetch_factor"])
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 6, 32])
+@pytest.mark.parametrize("free_batches", [0, 3, 7, 12, 40, 1000])
+def test_the_doctors_shared_memory_row_agrees_with_the_loader(sample_set, monkeypatch, cpus, free_batches):
+    """For /dev/shm sizes and CPU counts, the doctor reports the workers and prefetch factor that
+    build_loader then uses (or a failure exactly where build_loader refuses)."""
+    batch = loader.batch_bytes(8, 32)
+    monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: cpus)
+    monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (10**12, free_batches * batch))
+    report = doctor.run_checks(str(sample_set), batch_size=8, image_size=32, autotune_file=os.devnull)
+    row = next(check for check in report if check.name == "shared memory")
+
+    flags = resolved(["--data", str(sample_set), "--batch-size", "8", "--image-size", "32", "--device", "cpu",
+                      "--autotune-file", os.devnull])  # fmt: skip
+    _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    dataset = decode.ImageDataset(train_index, image_size=32, train=True, seed=0)
+    assert row.facts["workers"] == flags.workers == min(loader.MAX_AUTO_WORKERS, cpus)
+    try:
+        train_loader = loader.build_loader(dataset, flags.loader_settings(), torch.device("cpu"), train=True)
+    except loader.SharedMemoryError:
+        assert row.status == doctor.FAIL
+        return
+    assert row.status != doctor.FAIL
+    assert (row.facts["loader_workers"], row.facts["loader_prefetch_factor"]) == (
+        train_loader.num_workers,
+        train_loader.prefetch_factor,
+    )

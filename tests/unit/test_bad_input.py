@@ -1,20 +1,9 @@
 """Bad input to train.py: one line on stderr, exit code 2, and no run directory."""
 
-import signal
-
 import pytest
 
-import train
 from conftest import run_train
-
-
-@pytest.fixture
-def signal_handlers_restored():
-    """train.main() installs signal handlers; give pytest its own back."""
-    saved = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    yield
-    for number, handler in saved.items():
-        signal.signal(number, handler)
+from torchlab import train
 
 
 def test_missing_data_folder_says_how_to_mount_it(tmp_path):

@@ -5,10 +5,8 @@ import pytest
 import torch
 from PIL import Image, JpegImagePlugin
 
-import bench
-import bench_data
-import data
-import prepared
+from torchlab.data import decode, folder, prepared
+from torchlab.tools import bench, bench_data
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +50,7 @@ def test_every_pipeline_gives_the_same_batch_shape_and_value_range_on_the_device
         max((1 - mean) / std for mean, std in mean_and_std),
     )
     for pipeline in pipelines:
-        images, labels = next(pipeline.batches())
+        images, labels = pipeline.to_device(*next(iter(pipeline.loader))[:2])
         assert images.shape == (4, 3, 224, 224) and images.dtype == torch.float32, pipeline.name
         assert labels.shape == (4,) and labels.dtype == torch.int64, pipeline.name
         assert lowest - 1e-4 <= images.min() and images.max() <= highest + 1e-4, pipeline.name
@@ -60,11 +58,43 @@ def test_every_pipeline_gives_the_same_batch_shape_and_value_range_on_the_device
         assert result["images_per_sec"] > 0 and 0 <= result["data_wait_frac"] <= 1, pipeline.name
 
 
-def test_torchlab_draws_the_same_crop_and_flip_distribution_as_torchvision():
-    # Both take RandomResizedCrop's defaults and a flip with probability 1/2 (data.py's constants).
-    crop = bench.naive_transform(224).transforms[0]
-    assert (crop.scale, crop.ratio) == (data.CROP_AREA_RANGE, pytest.approx(data.CROP_ASPECT_RANGE))
-    assert bench.naive_transform(224).transforms[1].p == 0.5
+def crop_statistics(boxes, width, height):
+    areas = np.array([(right - left) * (bottom - top) / (width * height) for left, top, right, bottom in boxes])
+    log_aspects = np.log([(right - left) / (bottom - top) for left, top, right, bottom in boxes])
+    return areas, log_aspects
+
+
+def test_torchlab_draws_the_same_crop_and_flip_distribution_as_torchvision(monkeypatch):
+    """What ImageDataset asks the decoder for (box and flip), over many samples, against what the naive
+    pipeline's torchvision transforms draw for the same image size."""
+    width, height, samples = 640, 480, 4000
+    drawn = []
+
+    def record_crop(source, choose_box, size, flip=False, draft=True):
+        drawn.append((choose_box(width, height), flip))
+        return np.zeros((size, size, 3), dtype=np.uint8)
+
+    monkeypatch.setattr(decode, "load_crop", record_crop)
+    index = folder.SampleIndex(["image.jpg"] * samples, [0] * samples)
+    dataset = decode.ImageDataset(index, 224, train=True, seed=0)
+    for position in range(samples):
+        dataset[(position, 0)]
+    boxes, flips = zip(*drawn, strict=True)
+    areas, log_aspects = crop_statistics(boxes, width, height)
+
+    crop, horizontal_flip = bench.naive_transform(224).transforms[:2]
+    torch.manual_seed(0)
+    reference = []
+    for _ in range(samples):
+        top, left, box_height, box_width = crop.get_params(torch.zeros(3, height, width), crop.scale, crop.ratio)
+        reference.append((left, top, left + box_width, top + box_height))
+    reference_areas, reference_log_aspects = crop_statistics(reference, width, height)
+
+    # Means within 4 standard errors of torchvision's; the same bounds; flips at torchvision's rate.
+    for ours, theirs in ((areas, reference_areas), (log_aspects, reference_log_aspects)):
+        assert abs(ours.mean() - theirs.mean()) < 4 * theirs.std() / np.sqrt(samples)
+        assert ours.min() >= theirs.min() - 0.02 and ours.max() <= theirs.max() + 0.02
+    assert abs(np.mean(flips) - horizontal_flip.p) < 4 * 0.5 / np.sqrt(samples)
 
 
 def test_worker_memory_does_not_grow_per_epoch_with_a_million_samples(tmp_path):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
-import data
-import sample_data
+from torchlab.data import decode, folder, splits
+from torchlab.tools import sample_data
 
 
 def save_image(path, mode="RGB", size=(60, 40), **save_options):
@@ -30,7 +30,7 @@ def test_hidden_entries_are_skipped_and_extensions_match_in_any_case(tmp_path):
     (tmp_path / ".DS_Store").write_bytes(b"\0")
     (tmp_path / "dog" / "notes.txt").write_text("not an image")
 
-    class_names, train_index, val_index = data.load_splits(str(tmp_path), val_fraction=0.0, seed=0)
+    class_names, train_index, val_index = splits.load_splits(str(tmp_path), val_fraction=0.0, seed=0)
 
     assert class_names == ["cat", "dog"]
     assert len(val_index) == 0
@@ -49,9 +49,9 @@ def test_one_folder_is_split_by_seed(tmp_path):
     for number in range(40):
         save_image(tmp_path / f"class_{number % 2}" / f"{number:02d}.png")
 
-    _, train_index, val_index = data.load_splits(str(tmp_path), val_fraction=0.25, seed=1)
-    _, train_again, val_again = data.load_splits(str(tmp_path), val_fraction=0.25, seed=1)
-    _, _, val_other_seed = data.load_splits(str(tmp_path), val_fraction=0.25, seed=2)
+    _, train_index, val_index = splits.load_splits(str(tmp_path), val_fraction=0.25, seed=1)
+    _, train_again, val_again = splits.load_splits(str(tmp_path), val_fraction=0.25, seed=1)
+    _, _, val_other_seed = splits.load_splits(str(tmp_path), val_fraction=0.25, seed=2)
 
     assert (len(train_index), len(val_index)) == (30, 10)
     assert not set(relative_paths(train_index, tmp_path)) & set(relative_paths(val_index, tmp_path))
@@ -64,15 +64,15 @@ def test_train_and_val_folders_share_the_class_labels(tmp_path):
     for name in ("train/ant/1.jpg", "train/bee/2.jpg", "train/cow/3.jpg", "val/bee/4.jpg"):
         save_image(tmp_path / name)
 
-    class_names, train_index, val_index = data.load_splits(str(tmp_path), val_fraction=0.5, seed=0)
+    class_names, train_index, val_index = splits.load_splits(str(tmp_path), val_fraction=0.5, seed=0)
 
     assert class_names == ["ant", "bee", "cow"]
     assert len(train_index) == 3
     assert val_index.labels.tolist() == [1]
 
     save_image(tmp_path / "val" / "dog" / "5.jpg")
-    with pytest.raises(data.DataError, match="val/dog: a class that the training set does not have"):
-        data.load_splits(str(tmp_path), val_fraction=0.5, seed=0)
+    with pytest.raises(folder.DataError, match="val/dog: a class that the training set does not have"):
+        splits.load_splits(str(tmp_path), val_fraction=0.5, seed=0)
 
 
 @pytest.mark.parametrize(
@@ -90,18 +90,18 @@ def test_unusable_data_is_a_data_error(tmp_path, images, other_files, val_fracti
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("not an image")
 
-    with pytest.raises(data.DataError, match=message):
-        data.load_splits(str(tmp_path), val_fraction=val_fraction, seed=0)
+    with pytest.raises(folder.DataError, match=message):
+        splits.load_splits(str(tmp_path), val_fraction=val_fraction, seed=0)
 
 
 def test_missing_data_folder_says_how_to_mount_it(tmp_path):
-    with pytest.raises(data.DataError, match=r"no such folder.*-v /path/to/images:"):
-        data.load_splits(str(tmp_path / "absent"), val_fraction=0.1, seed=0)
+    with pytest.raises(folder.DataError, match=r"no such folder.*-v /path/to/images:"):
+        splits.load_splits(str(tmp_path / "absent"), val_fraction=0.1, seed=0)
 
 
 def test_index_holds_one_buffer_not_one_object_per_sample():
     paths = [f"/data/train/n{number % 1000:08d}/n{number:08d}_{number}.JPEG" for number in range(50_000)]
-    index = data.SampleIndex(paths, [number % 1000 for number in range(50_000)])
+    index = folder.SampleIndex(paths, [number % 1000 for number in range(50_000)])
 
     assert [index.path(position) for position in (0, 12_345, 49_999)] == [paths[0], paths[12_345], paths[49_999]]
     arrays = (index.path_bytes, index.offsets, index.labels)
@@ -115,10 +115,10 @@ def test_index_holds_one_buffer_not_one_object_per_sample():
 )
 def test_every_colour_mode_becomes_rgb(tmp_path, mode, file_name):
     save_image(tmp_path / file_name, mode=mode)
-    index = data.SampleIndex([str(tmp_path / file_name)], [0])
+    index = folder.SampleIndex([str(tmp_path / file_name)], [0])
 
     for train in (True, False):
-        pixels, label, position = data.ImageDataset(index, image_size=32, train=train, seed=0)[(0, 0)]
+        pixels, label, position = decode.ImageDataset(index, image_size=32, train=train, seed=0)[(0, 0)]
         assert (pixels.shape, pixels.dtype, label, position) == ((32, 32, 3), np.uint8, 0, 0)
 
 
@@ -127,8 +127,8 @@ def test_unreadable_images_come_back_as_markers(tmp_path):
     (tmp_path / "text.jpg").write_text("not a JPEG")
     full = (tmp_path / "good.jpg").read_bytes()
     (tmp_path / "truncated.jpg").write_bytes(full[: len(full) // 2])
-    index = data.SampleIndex([str(tmp_path / name) for name in ("good.jpg", "text.jpg", "truncated.jpg")], [0, 1, 2])
-    dataset = data.ImageDataset(index, image_size=32, train=True, seed=0)
+    index = folder.SampleIndex([str(tmp_path / name) for name in ("good.jpg", "text.jpg", "truncated.jpg")], [0, 1, 2])
+    dataset = decode.ImageDataset(index, image_size=32, train=True, seed=0)
 
     assert dataset[(0, 0)][0] is not None
     assert [dataset[(position, 0)] for position in (1, 2)] == [(None, 1, 1), (None, 2, 2)]
@@ -137,13 +137,13 @@ def test_unreadable_images_come_back_as_markers(tmp_path):
 def test_augmentation_depends_on_seed_epoch_and_sample_only(tmp_path):
     photo = Image.fromarray(sample_data.class_image(np.random.default_rng(0), 1, 4))
     photo.save(tmp_path / "photo.jpg", quality=95)
-    index = data.SampleIndex([str(tmp_path / "photo.jpg")], [0])
-    dataset = data.ImageDataset(index, image_size=32, train=True, seed=7)
+    index = folder.SampleIndex([str(tmp_path / "photo.jpg")], [0])
+    dataset = decode.ImageDataset(index, image_size=32, train=True, seed=7)
 
     first = dataset[(0, 3)]
     assert np.array_equal(first[0], dataset[(0, 3)][0])
     assert not np.array_equal(first[0], dataset[(0, 4)][0])
-    assert not np.array_equal(first[0], data.ImageDataset(index, 32, train=True, seed=8)[(0, 3)][0])
+    assert not np.array_equal(first[0], decode.ImageDataset(index, 32, train=True, seed=8)[(0, 3)][0])
 
 
 def test_draft_decoding_matches_full_decoding(tmp_path, monkeypatch):
@@ -160,10 +160,10 @@ def test_draft_decoding_matches_full_decoding(tmp_path, monkeypatch):
         return result
 
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", recording_draft)
-    random_box = functools.partial(data.random_resized_crop_box, rng=random.Random(5))
-    for choose_box in (data.center_crop_box, random_box):
+    random_box = functools.partial(decode.random_resized_crop_box, rng=random.Random(5))
+    for choose_box in (decode.center_crop_box, random_box):
         box = choose_box(1600, 1200)
-        drafted = data.load_crop(str(tmp_path / "photo.jpg"), lambda width, height, box=box: box, 224)
+        drafted = decode.load_crop(str(tmp_path / "photo.jpg"), lambda width, height, box=box: box, 224)
         with Image.open(tmp_path / "photo.jpg") as full:
             expected = np.asarray(full.convert("RGB").resize((224, 224), Image.Resampling.BILINEAR, box=box))
 

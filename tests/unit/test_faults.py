@@ -1,25 +1,42 @@
 """Faults at the worst moment: train.py killed with SIGKILL while it writes a checkpoint."""
 
 import os
+import subprocess
+import sys
 
 import torch
 
-from conftest import QUICK_RUN, run_train, start_train
+from conftest import QUICK_RUN, TRAIN_ENV, run_train, wait_until
+
+# train.py, but the rename that completes its second checkpoint hangs after writing a marker file: a SIGKILL
+# then lands exactly between "temporary file written" and "renamed into place".
+HANG_AT_SECOND_CHECKPOINT = """
+import os, sys, time
+from torchlab import train
+rename = os.replace
+def rename_or_hang(source, target):
+    folder = os.path.dirname(target)
+    if os.path.basename(target).startswith("checkpoint-") and any(
+        name.startswith("checkpoint-") for name in os.listdir(folder)
+    ):
+        open(os.environ["MARKER"], "w").close()
+        time.sleep(600)
+    rename(source, target)
+os.replace = rename_or_hang
+train.main(sys.argv[1:])
+"""
 
 
 def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(sample_set, tmp_path):
-    run_dir = tmp_path / "run"
+    run_dir, marker = tmp_path / "run", tmp_path / "killing-point"
     args = ("--data", sample_set, "--run-dir", run_dir, "--epochs", 3, "--workers", 0, *QUICK_RUN)
-    process = start_train(*args)
-
-    def writing_the_second_checkpoint():
-        names = os.listdir(run_dir) if run_dir.exists() else []
-        return any(n.startswith("checkpoint-") for n in names) and any(n.startswith(".checkpoint-") for n in names)
-
+    process = subprocess.Popen(
+        [sys.executable, "-c", HANG_AT_SECOND_CHECKPOINT, *map(str, args)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**TRAIN_ENV, "MARKER": str(marker)},
+    )  # fmt: skip
     try:
-        # Polled without pause: the temporary file of a checkpoint lives for a few milliseconds.
-        while not writing_the_second_checkpoint():
-            assert process.poll() is None, "train.py finished before it could be killed while writing a checkpoint"
+        wait_until(marker.exists, "the second checkpoint's temporary file", process=process)
+        assert [name for name in os.listdir(run_dir) if name.startswith(".checkpoint-")]
         process.kill()
     finally:
         process.wait(timeout=60)

@@ -7,7 +7,6 @@ time, one flag with generated text, which it may accept or must refuse. Left out
 cores; test_model.py), --autotune (its own tests) and --weights with a real file (test_model.py).
 """
 
-import signal
 import string
 import tempfile
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import train
+from torchlab import train
 
 junk = st.one_of(
     st.text(alphabet=string.printable, max_size=10),
@@ -69,12 +68,34 @@ def flag_lists(draw):
     return flags
 
 
-@pytest.fixture
-def signal_handlers_restored():
-    saved = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    yield
-    for number, handler in saved.items():
-        signal.signal(number, handler)
+def run_with_fixed_flags(sample_set, scratch, argv):
+    """train.main with small fixed flags, then `argv`: (exit code, stdout, stderr, run dir)."""
+    run_dir = Path(scratch) / "run"
+    fixed = ["--data", str(sample_set), "--run-dir", str(run_dir), "--max-steps", "2", "--log-interval", "1"]
+    fixed += ["--autotune-file", str(Path(scratch) / "autotune.json"), "--device", "cpu", "--workers", "0"]
+    fixed += ["--arch", "mobilenet_v3_small", "--image-size", "32", "--batch-size", "16", "--epochs", "1"]
+    # The generated flags come last: where they repeat a fixed one, theirs is the value used.
+    try:
+        train.main([*fixed, *argv])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    return code, run_dir
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["--workers", "2", "--prefetch-factor", "1", "--no-jpeg-draft"], ["--optimizer", "sgd", "--lr", "0.5",
+     "--amp", "fp16", "--seed", "7", "--label-smoothing", "0"], ["--loader-only", "--batch-size", "8"]],
+)  # fmt: skip
+def test_accepted_flags_train(sample_set, capsys, signal_handlers_restored, argv):
+    """The control for the property below: flags it draws from VALID do train (a train.py that refused
+    everything with one clear line would pass the property test alone)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        code, run_dir = run_with_fixed_flags(sample_set, scratch, argv)
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert list(run_dir.glob("checkpoint-*.pt")) or "loader-only: " in out
 
 
 @settings(
@@ -88,16 +109,7 @@ def test_any_flags_train_or_fail_with_one_clear_line(sample_set, capsys, signal_
     argv = [part for flag in flags for part in flag]
 
     with tempfile.TemporaryDirectory() as scratch:
-        run_dir = Path(scratch) / "run"
-        fixed = ["--data", str(sample_set), "--run-dir", str(run_dir), "--max-steps", "2", "--log-interval", "1"]
-        fixed += ["--autotune-file", str(Path(scratch) / "autotune.json"), "--device", "cpu", "--workers", "0"]
-        fixed += ["--arch", "mobilenet_v3_small", "--image-size", "32", "--batch-size", "16", "--epochs", "1"]
-        # The generated flags come last: where they repeat a fixed one, theirs is the value used.
-        try:
-            train.main([*fixed, *argv])
-            code = 0
-        except SystemExit as stop:
-            code = stop.code
+        code, run_dir = run_with_fixed_flags(sample_set, scratch, argv)
         out, err = capsys.readouterr()
         assert "Traceback" not in err
         if code == 0:
@@ -106,4 +118,6 @@ def test_any_flags_train_or_fail_with_one_clear_line(sample_set, capsys, signal_
             lines = err.strip().splitlines()
             assert code == 2 and len(lines) == 1, (argv, code, err)
             assert lines[0].startswith("train.py: error: "), (argv, err)
+            # The line names what was wrong: one of the generated flags (the fixed ones are all accepted).
+            assert any(flag[0] in lines[0] for flag in flags), (argv, err)
             assert not run_dir.exists(), (argv, err)

@@ -1,15 +1,14 @@
 """loader.py: CPU counting, the resumable sharded sampler, uint8 batches, and worker memory."""
 
-import argparse
 import os
 
 import numpy as np
 import pytest
 import torch
 
-import bench
-import data
-import loader
+from torchlab import loader
+from torchlab.data import decode, folder, sampler, splits
+from torchlab.tools import bench
 
 
 def write_cgroup_files(root, files):
@@ -47,9 +46,9 @@ def shares(sampler_for_rank, world_size):
 
 def test_training_order_is_seeded_sharded_and_resumable():
     def sampler_for_rank(rank, seed=3, epoch=2, skip=0):
-        sampler = loader.EpochSampler(103, train=True, seed=seed, rank=rank, world_size=4)
-        sampler.set_epoch(epoch, skip)
-        return sampler
+        epoch_sampler = sampler.EpochSampler(103, train=True, seed=seed, rank=rank, world_size=4)
+        epoch_sampler.set_epoch(epoch, skip)
+        return epoch_sampler
 
     full = shares(sampler_for_rank, 4)
     positions = [position for share in full for position, _ in share]
@@ -65,10 +64,10 @@ def test_training_order_is_seeded_sharded_and_resumable():
 
 
 def test_validation_reads_every_sample_once():
-    samplers = [loader.EpochSampler(10, train=False, seed=0, rank=rank, world_size=3) for rank in range(3)]
-    positions = sorted(position for sampler in samplers for position, _ in sampler)
+    samplers = [sampler.EpochSampler(10, train=False, seed=0, rank=rank, world_size=3) for rank in range(3)]
+    positions = sorted(position for rank_sampler in samplers for position, _ in rank_sampler)
     assert positions == list(range(10))
-    assert [len(sampler) for sampler in samplers] == [4, 3, 3]
+    assert [len(rank_sampler) for rank_sampler in samplers] == [4, 3, 3]
 
 
 def test_collate_stacks_uint8_and_drops_unreadable_samples():
@@ -98,14 +97,12 @@ def test_batches_are_normalised_on_the_device_in_channels_last():
 
 
 def loader_options(workers):
-    return argparse.Namespace(
-        batch_size=8, workers=workers, prefetch_factor=2, persistent_workers=True, pin_memory=False, seed=0
-    )
+    return loader.LoaderSettings(batch_size=8, workers=workers, prefetch_factor=2, pin_memory=False)
 
 
 def test_workers_yield_the_same_batches_as_the_main_process(sample_set):
-    _, train_index, _ = data.load_splits(str(sample_set), val_fraction=0.1, seed=0)
-    dataset = data.ImageDataset(train_index.subset(np.arange(24)), image_size=32, train=True, seed=0)
+    _, train_index, _ = splits.load_splits(str(sample_set), val_fraction=0.1, seed=0)
+    dataset = decode.ImageDataset(train_index.subset(np.arange(24)), image_size=32, train=True, seed=0)
 
     def epoch_batches(workers, epoch):
         train_loader = loader.build_loader(dataset, loader_options(workers), torch.device("cpu"), train=True)
@@ -123,7 +120,7 @@ def test_workers_yield_the_same_batches_as_the_main_process(sample_set):
 def test_worker_memory_does_not_grow_with_the_number_of_samples():
     count = 200_000
     paths = [f"/data/train/n{number % 1000:08d}/n{number % 1000:08d}_{number}.JPEG" for number in range(count)]
-    index = data.SampleIndex(paths, [number % 1000 for number in range(count)])
+    index = folder.SampleIndex(paths, [number % 1000 for number in range(count)])
 
     def read_index():
         for position in range(count):

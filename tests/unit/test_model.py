@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-import model
-import optim
+from torchlab import model, optim
 
 
 def test_weights_load_except_the_layers_whose_shape_differs(tmp_path):

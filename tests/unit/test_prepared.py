@@ -1,6 +1,5 @@
 """prepared.py: the packed copy, its splits, resuming an interrupted conversion, refusing a changed source."""
 
-import argparse
 import json
 import shutil
 
@@ -9,9 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-import data
-import loader
-import prepared
+from torchlab import loader
+from torchlab.data import decode, folder, prepared, splits
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +24,8 @@ def original_paths(index):
 
 
 def test_a_prepared_copy_keeps_classes_splits_labels_and_paths(sample_set, prepared_set):
-    class_names, train_index, val_index = data.load_splits(str(sample_set), 0.1, 0)
-    prepared_names, prepared_train, prepared_val = data.load_splits(str(prepared_set), 0.5, 7)
+    class_names, train_index, val_index = splits.load_splits(str(sample_set), 0.1, 0)
+    prepared_names, prepared_train, prepared_val = splits.load_splits(str(prepared_set), 0.5, 7)
 
     assert prepared_names == class_names
     assert original_paths(prepared_train) == original_paths(train_index)
@@ -39,22 +37,16 @@ def test_a_prepared_copy_keeps_classes_splits_labels_and_paths(sample_set, prepa
 
 
 def test_prepared_samples_decode_the_same_in_workers(prepared_set):
-    _, train_index, _ = data.load_splits(str(prepared_set), 0.1, 0)
-    dataset = data.ImageDataset(train_index.subset(np.arange(16)), image_size=32, train=True, seed=0)
+    _, train_index, _ = splits.load_splits(str(prepared_set), 0.1, 0)
+    dataset = decode.ImageDataset(train_index.subset(np.arange(16)), image_size=32, train=True, seed=0)
 
     def batches(workers):
-        options = argparse_options(workers)
-        return [images for images, _, _ in loader.build_loader(dataset, options, torch.device("cpu"), train=True)]
+        settings = loader.LoaderSettings(batch_size=8, workers=workers, prefetch_factor=2, persistent_workers=False)
+        return [images for images, _, _ in loader.build_loader(dataset, settings, torch.device("cpu"), train=True)]
 
     in_main_process, in_workers = batches(0), batches(2)
     assert len(in_main_process) == 2 and in_main_process[0].shape == (8, 32, 32, 3)
     assert all(torch.equal(a, b) for a, b in zip(in_main_process, in_workers, strict=True))
-
-
-def argparse_options(workers):
-    return argparse.Namespace(
-        batch_size=8, workers=workers, prefetch_factor=2, persistent_workers=False, pin_memory=False, seed=0
-    )
 
 
 class Interrupted(RuntimeError):
@@ -66,7 +58,7 @@ def test_an_interrupted_conversion_is_never_read_and_resumes_to_the_same_bytes(
 ):
     out_dir = tmp_path / "copy"
     convert = prepared.resized_jpeg
-    stop_at = original_paths(data.load_splits(str(sample_set), 0.1, 0)[1])[40]
+    stop_at = original_paths(splits.load_splits(str(sample_set), 0.1, 0)[1])[40]
 
     def interrupted(path, *settings):
         if path == stop_at:
@@ -77,8 +69,8 @@ def test_an_interrupted_conversion_is_never_read_and_resumes_to_the_same_bytes(
     monkeypatch.setattr(prepared, "resized_jpeg", interrupted)  # the forked pool's processes inherit it
     with pytest.raises(Interrupted):
         prepared.prepare(str(sample_set), str(out_dir), processes=1)
-    with pytest.raises(data.DataError, match="unfinished prepared copy"):
-        data.load_splits(str(out_dir), 0.1, 0)
+    with pytest.raises(folder.DataError, match="unfinished prepared copy"):
+        splits.load_splits(str(out_dir), 0.1, 0)
     progress = json.loads((out_dir / prepared.PROGRESS_FILE).read_text())
     assert progress["images"] == 32  # the last record before image 40
     with (out_dir / prepared.DATA_FILE).open("ab") as data_file:
@@ -94,9 +86,9 @@ def test_a_copy_whose_source_changed_is_refused(sample_set, tmp_path):
     source = tmp_path / "source"
     shutil.copytree(sample_set, source)
     prepared.prepare(str(source), str(tmp_path / "copy"), processes=1)
-    data.load_splits(str(tmp_path / "copy"), 0.1, 0)
+    splits.load_splits(str(tmp_path / "copy"), 0.1, 0)
 
     victim = next((source / "train" / "class_00").iterdir())
     victim.write_bytes(victim.read_bytes() + b"\0")
-    with pytest.raises(data.DataError, match="has changed since it was prepared"):
-        data.load_splits(str(tmp_path / "copy"), 0.1, 0)
+    with pytest.raises(folder.DataError, match="has changed since it was prepared"):
+        splits.load_splits(str(tmp_path / "copy"), 0.1, 0)

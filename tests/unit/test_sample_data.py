@@ -2,13 +2,12 @@
 
 import hashlib
 import subprocess
-import sys
 
 import pytest
 from PIL import Image
 
-import sample_data
-from conftest import TRAIN_DIR
+from conftest import torchlab_command
+from torchlab.tools import sample_data
 
 
 def digest(folder):
@@ -34,7 +33,7 @@ def test_layout_sizes_and_determinism(tmp_path):
 
 def test_runs_as_a_script_and_leaves_a_complete_set_alone(tmp_path):
     out = tmp_path / "set"
-    command = [sys.executable, str(TRAIN_DIR / "sample_data.py"), str(out), "--classes", "2", "--per-class", "2"]
+    command = torchlab_command("sample-data", out, "--classes", "2", "--per-class", "2")
 
     first = subprocess.run(command, capture_output=True, text=True, check=True)
     before = digest(out).digest()

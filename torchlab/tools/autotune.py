@@ -1,4 +1,4 @@
-"""train.py --autotune: time loader settings on the real data and device, and keep the fastest for later runs.
+"""train.py --autotune (torchlab autotune): time loader settings on the real data and device, keep the fastest.
 
 It tries --workers x --prefetch-factor x --jpeg-draft for a bounded time in all, each through
 loader.build_loader and loader.BatchToDevice exactly as training reads batches, prints a table, and saves the
@@ -8,26 +8,49 @@ size, device type and processes on the machine. A later run with --workers auto 
 would not fit in /dev/shm's free space are never tried, so never picked.
 """
 
+import dataclasses
 import json
 import os
 import time
 
-import torch
-
-import loader
+from torchlab import io, loader
 
 DEFAULT_FILE = "~/.cache/torchlab/autotune.json"
 PREFETCH_FACTORS = (2, 4, 8)
 JPEG_DRAFT_CHOICES = (True, False)
 
 
-def setting_key(args, processes):
+@dataclasses.dataclass(frozen=True)
+class LoaderChoice:
+    """What --workers, --prefetch-factor and --jpeg-draft resolve to, and whether a tuned setting gave them."""
+
+    workers: int
+    prefetch_factor: int
+    jpeg_draft: bool
+    autotuned: bool
+
+
+def setting_key(data, image_size, batch_size, device, processes_on_machine):
     """What a tuned setting holds for: data folder, image size, batch size, device type, processes."""
-    device_type = args.device.split(":")[0]
+    device_type = str(device).split(":")[0]
     return (
-        f"{os.path.abspath(args.data)}|image_size={args.image_size}|batch_size={args.batch_size}"
-        f"|device={device_type}|processes={processes.local_world_size}"
+        f"{os.path.abspath(data)}|image_size={image_size}|batch_size={batch_size}"
+        f"|device={device_type}|processes={processes_on_machine}"
     )
+
+
+def resolve_loader(workers, prefetch_factor, jpeg_draft, settings_file, key, processes_on_machine):
+    """The one answer to --workers auto: with "auto", the setting saved in `settings_file` for `key` (None: do
+    not read one), else this process's share of the usable CPUs; --prefetch-factor and --jpeg-draft left None
+    take the saved setting's, else their defaults. train.py and the doctor both call this."""
+    tuned = saved_setting(settings_file, key) if workers == "auto" and settings_file is not None else None
+    if workers == "auto":
+        workers = tuned["workers"] if tuned else loader.auto_worker_count(processes_on_machine)
+    if prefetch_factor is None:
+        prefetch_factor = tuned["prefetch_factor"] if tuned else loader.DEFAULT_PREFETCH_FACTOR
+    if jpeg_draft is None:
+        jpeg_draft = tuned["jpeg_draft"] if tuned else True
+    return LoaderChoice(workers, prefetch_factor, jpeg_draft, autotuned=tuned is not None)
 
 
 def read_settings(path):
@@ -48,14 +71,11 @@ def saved_setting(path, key):
 
 
 def save_setting(path, key, setting):
-    """Add or replace `key`'s setting, keeping the others; written to a temporary file and renamed."""
+    """Add or replace `key`'s setting, keeping the others (io.atomic_write)."""
     path = os.path.expanduser(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    settings = {**read_settings(path), key: setting}
-    temp_path = f"{path}.{os.getpid()}.tmp"
-    with open(temp_path, "w") as temp_file:
-        json.dump(settings, temp_file, indent=2)
-    os.replace(temp_path, path)
+    settings = json.dumps({**read_settings(path), key: setting}, indent=2)
+    io.atomic_write(path, lambda settings_file: settings_file.write(settings.encode()))
 
 
 def candidate_settings(usable_cpus):
@@ -69,48 +89,50 @@ def candidate_settings(usable_cpus):
     ]
 
 
-def measure_images_per_sec(dataset, options, device, seconds):
-    """Images/s of the training loader for `options`, after its first batch, over about `seconds`."""
-    train_loader = loader.build_loader(dataset, options, device, train=True)
+def measure_images_per_sec(dataset, settings, device, seconds):
+    """Images/s of the training loader for `settings` over about `seconds`, leaving out each pass's first
+    batch (the pipeline filling up, paid once per epoch)."""
+    train_loader = loader.build_loader(dataset, settings, device, train=True)
     to_device = loader.BatchToDevice(device)
-    images, epoch, start = 0, 0, None
-    while start is None or time.perf_counter() - start < seconds:
+    images, elapsed, epoch = 0, 0.0, 0
+    while elapsed < seconds:
         train_loader.sampler.set_epoch(epoch)
-        for batch, labels, _ in train_loader:
-            to_device(batch, labels)
-            if start is None:  # the pipeline filling up is paid once per epoch, not per batch
-                start = time.perf_counter()
-            else:
-                images += len(labels)
-            if time.perf_counter() - start >= seconds:
-                break
+        timing = loader.timed_pass(
+            train_loader, to_device, device, lambda t, left=seconds - elapsed: t.seconds - t.fill_seconds >= left
+        )
+        images += timing.images - timing.first_batch_images
+        elapsed += timing.seconds - timing.fill_seconds
         epoch += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return images / (time.perf_counter() - start)
+    return images / elapsed
 
 
-def tune(dataset, args, device, key, print_line=print):
-    """Try every candidate setting for args.autotune_seconds in all, print a table, save and return the best."""
-    one_batch_bytes = loader.batch_bytes(args.batch_size, args.image_size)
+def tune(dataset, flags, device, key, print_line=print):
+    """Try every candidate setting for flags.autotune_seconds in all, print a table, save and return the best.
+
+    `flags` is train.py's TrainConfig; settings whose batches would not fit in /dev/shm's free space are skipped.
+    """
+    one_batch_bytes = loader.batch_bytes(flags.batch_size, flags.image_size)
     shm = loader.shared_memory_bytes()
     fitting, skipped = [], []
     for workers, prefetch_factor, jpeg_draft in candidate_settings(loader.usable_cpu_count()):
-        needed = loader.shared_memory_needed(workers, prefetch_factor, one_batch_bytes)
-        (fitting if shm is None or needed <= shm[1] else skipped).append((workers, prefetch_factor, jpeg_draft))
+        fit = loader.fit_shared_memory(workers, prefetch_factor, one_batch_bytes, None if shm is None else shm[1])
+        (fitting if fit.fits else skipped).append((workers, prefetch_factor, jpeg_draft))
     if not fitting:
         raise loader.SharedMemoryError(
             f"/dev/shm has {shm[1] / loader.MB:.0f} MB free: no loader setting fits; start the container with "
             "--shm-size=8g (or --ipc=host)"
         )
-    seconds_each = args.autotune_seconds / len(fitting)
+    seconds_each = flags.autotune_seconds / len(fitting)
     print_line(f"autotune: {len(fitting)} settings x {seconds_each:.1f} s on {device}; {key}")
     print_line(f"{'workers':>8} {'prefetch':>8} {'draft':>6} {'images/s':>9}")
     results = []
     for workers, prefetch_factor, jpeg_draft in fitting:
-        options = with_loader_setting(args, workers, prefetch_factor)
+        # Workers stop after each measurement.
+        settings = dataclasses.replace(
+            flags.loader_settings(), workers=workers, prefetch_factor=prefetch_factor, persistent_workers=False
+        )
         dataset.draft = jpeg_draft
-        rate = measure_images_per_sec(dataset, options, device, seconds_each)
+        rate = measure_images_per_sec(dataset, settings, device, seconds_each)
         results.append((rate, workers, prefetch_factor, jpeg_draft))
         print_line(f"{workers:>8} {prefetch_factor:>8} {'on' if jpeg_draft else 'off':>6} {rate:>9.1f}")
     for workers, prefetch_factor, jpeg_draft in skipped:
@@ -118,8 +140,8 @@ def tune(dataset, args, device, key, print_line=print):
     rate, workers, prefetch_factor, jpeg_draft = max(results)
     best = {"workers": workers, "prefetch_factor": prefetch_factor, "jpeg_draft": jpeg_draft, "images_per_sec": rate}
     try:
-        save_setting(args.autotune_file, key, {**best, "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        saved = f"saved to {args.autotune_file} for runs with --workers auto"
+        save_setting(flags.autotune_file, key, {**best, "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        saved = f"saved to {flags.autotune_file} for runs with --workers auto"
     except OSError as error:  # a read-only home still gets the table
         saved = f"not saved: {error}"
     print_line(
@@ -127,10 +149,3 @@ def tune(dataset, args, device, key, print_line=print):
         f"{rate:.1f} images/s; {saved}"
     )
     return best
-
-
-def with_loader_setting(args, workers, prefetch_factor):
-    """A copy of train.py's flags with these loader settings; workers stop after each measurement."""
-    options = type(args)(**vars(args))
-    options.workers, options.prefetch_factor, options.persistent_workers = workers, prefetch_factor, False
-    return options

@@ -1,6 +1,7 @@
 """The benchmark's data set: ImageNet-like JPEGs, generated once and the same on every machine.
 
-`python bench_data.py OUT_DIR [--images N]` writes OUT_DIR/train/CLASS/*.JPEG and OUT_DIR/val/CLASS/*.JPEG.
+`python -m torchlab.tools.bench_data OUT_DIR [--images N]` writes OUT_DIR/train/CLASS/*.JPEG and
+OUT_DIR/val/CLASS/*.JPEG.
 The files are shaped like ImageNet's training set where decoding cost comes from: about 469 x 387 px on
 average, quality 95-97 with full-resolution chroma (4:4:4), 110-115 KB on average, with a small tail of large
 photos (1024-1400 px on the long side). The content is 1/f ("pink") noise in luminance and colour, the
@@ -11,7 +12,6 @@ Every image is drawn from a generator seeded by (seed, split, number): the same 
 with the same numpy and Pillow. The set is written beside OUT_DIR and renamed into place when complete.
 """
 
-import argparse
 import functools
 import math
 import multiprocessing
@@ -20,8 +20,8 @@ import os
 import numpy as np
 from PIL import Image
 
-import loader
-import sample_data
+from torchlab import io, loader
+from torchlab.tools import sample_data
 
 CLASSES = 10
 VAL_SHARE = 0.05  # val/ images per train/ image
@@ -100,18 +100,16 @@ def write_bench_data(out_dir, images, seed=0, processes=None):
             pool.map(functools.partial(write_image, folder, seed), jobs, chunksize=16)
 
     settings = {"images": images, "val_images": val_images, "seed": seed}
-    return sample_data.publish_atomically(out_dir, write_into, settings)
+    return io.publish_folder(out_dir, write_into, settings)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None, prog="python -m torchlab.tools.bench_data"):
+    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to create, e.g. ~/.cache/torchlab/bench-data-2000")
     parser.add_argument("--images", type=int, default=2000, help="training images (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: 0)")
     args = parser.parse_args(argv)
-    sample_data.report_written(
-        "bench_data.py", args.out_dir, lambda: write_bench_data(args.out_dir, args.images, args.seed)
-    )
+    io.report_published(prog, args.out_dir, lambda: write_bench_data(args.out_dir, args.images, args.seed))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
-"""How fast the input pipelines are on this machine: `python bench.py` (or `make bench`).
+"""How fast the input pipelines are on this machine: `torchlab bench` (or `make bench`).
 
-In one run, on the same generated files (bench_data.py) and with a warm page cache, it measures, interleaved
+In one run, on the same generated files (tools/bench_data.py) and with a warm page cache, it measures, interleaved
 over --repetitions after a warm-up pass:
 
   naive              torchvision ImageFolder + RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize;
                      DataLoader(num_workers=0), float batches
   classic            the same with min(8, usable CPUs) workers, pin_memory, prefetch_factor=2, persistent workers
-  torchlab           train.py's default pipeline, as --loader-only runs it (data.ImageDataset,
+  torchlab           train.py's default pipeline, as --loader-only runs it (decode.ImageDataset,
                      loader.build_loader, loader.BatchToDevice)
-  torchlab-prepared  the same on a prepared copy (prepared.py) of the files
+  torchlab-prepared  the same on a prepared copy (torchlab prepare) of the files
 
 and two ceilings: decode-only (every file decoded at full size, no augmentation, one process per usable CPU)
 and transport (ready-made uint8 samples through train.py's DataLoader settings, no device step). Each
@@ -22,18 +22,16 @@ data_wait_frac leaves out the wait for each pass's first batch (the pipeline fil
 one batch in 20,000 on ImageNet, one in 31 here); data_wait_frac_with_fill and fill_s report it.
 """
 
-import argparse
+import dataclasses
 import gc
-import io
 import json
 import multiprocessing
 import os
 import platform
 import statistics
-import sys
-import tempfile
 import time
 import warnings
+from io import BytesIO
 
 import numpy as np
 import PIL
@@ -42,11 +40,9 @@ import torchvision
 from PIL import Image
 from torchvision import transforms
 
-import bench_data
-import cli
-import data
-import loader
-import prepared
+from torchlab import config, io, loader
+from torchlab.data import decode, folder, prepared, sampler, splits
+from torchlab.tools import autotune, bench_data
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
 CONSUMER_SPEEDUP = 1.5  # the simulated consumer runs at 1.5 x classic's images/s
@@ -79,13 +75,8 @@ class Pipeline:
         self.workers = workers
 
     def set_epoch(self, epoch):
-        if isinstance(self.loader.sampler, loader.EpochSampler):
+        if isinstance(self.loader.sampler, sampler.EpochSampler):
             self.loader.sampler.set_epoch(epoch)
-
-    def batches(self):
-        """(images, labels) on the device, one pass."""
-        for batch in self.loader:
-            yield self.to_device(batch[0], batch[1])
 
 
 def torchvision_pipeline(name, train_root, batch_size, device, workers):
@@ -104,51 +95,35 @@ def torchvision_pipeline(name, train_root, batch_size, device, workers):
     return Pipeline(name, data_loader, to_device, workers)
 
 
-def torchlab_options(data_root, batch_size, device):
-    """train.py's flags for --loader-only on data_root, all defaults but these (no saved autotune setting)."""
-    run_dir = os.path.join(tempfile.gettempdir(), "torchlab-bench-run")
-    argv = ["--data", data_root, "--batch-size", str(batch_size), "--device", device.type, "--run-dir", run_dir]
-    return cli.parse_args([*argv, "--autotune-file", os.devnull, "--loader-only"])
+def torchlab_settings(batch_size):
+    """train.py's defaults, resolved as train.py resolves them (--workers auto with no saved autotune setting),
+    but for batch_size: (LoaderSettings, image size, JPEG draft)."""
+    choice = autotune.resolve_loader("auto", None, None, None, None, processes_on_machine=1)
+    flags = dataclasses.replace(
+        config.DEFAULTS, batch_size=batch_size, workers=choice.workers, prefetch_factor=choice.prefetch_factor
+    )
+    return flags.loader_settings(), flags.image_size, choice.jpeg_draft
 
 
 def torchlab_pipeline(name, data_root, batch_size, device):
     """train.py's training loader, built by the same calls as train.py makes."""
-    options = torchlab_options(data_root, batch_size, device)
-    _, train_index, _ = data.load_splits(options.data, options.val_fraction, options.seed)
-    dataset = data.ImageDataset(
-        train_index, options.image_size, train=True, seed=options.seed, draft=options.jpeg_draft
-    )
-    data_loader = loader.build_loader(dataset, options, device, train=True)
-    return Pipeline(name, data_loader, loader.BatchToDevice(device), options.workers)
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    settings, image_size, jpeg_draft = torchlab_settings(batch_size)
+    _, train_index, _ = splits.load_splits(data_root, config.DEFAULTS.val_fraction, settings.seed)
+    dataset = decode.ImageDataset(train_index, image_size, train=True, seed=settings.seed, draft=jpeg_draft)
+    data_loader = loader.build_loader(dataset, settings, device, train=True)
+    return Pipeline(name, data_loader, loader.BatchToDevice(device), settings.workers)
 
 
 def measure_pass(pipeline, epoch, device, consumer_seconds=0.0):
     """One pass: images/s, and the share of it spent waiting for batches when each takes consumer_seconds."""
     pipeline.set_epoch(epoch)
-    images, wait, fill = 0, 0.0, None
-    start = tick = time.perf_counter()
-    for _, labels in pipeline.batches():
-        waited = time.perf_counter() - tick
-        if fill is None:
-            fill = waited
-        else:
-            wait += waited
-        images += len(labels)
-        if consumer_seconds:
-            time.sleep(consumer_seconds)
-        tick = time.perf_counter()
-    synchronize(device)
-    elapsed = time.perf_counter() - start
+    consume = (lambda timing: time.sleep(consumer_seconds)) if consumer_seconds else None
+    timing = loader.timed_pass(pipeline.loader, pipeline.to_device, device, consume)
     return {
-        "images_per_sec": images / elapsed,
-        "data_wait_frac": wait / (elapsed - fill),
-        "data_wait_frac_with_fill": (wait + fill) / elapsed,
-        "fill_s": fill,
+        "images_per_sec": timing.images_per_sec,
+        "data_wait_frac": timing.wait_seconds / (timing.seconds - timing.fill_seconds),
+        "data_wait_frac_with_fill": (timing.wait_seconds + timing.fill_seconds) / timing.seconds,
+        "fill_s": timing.fill_seconds,
     }
 
 
@@ -165,7 +140,7 @@ def decode_prepared(job):
     with open(data_path, "rb") as data_file:
         data_file.seek(start)
         encoded = data_file.read(end - start)
-    return decode_file(io.BytesIO(encoded))
+    return decode_file(BytesIO(encoded))
 
 
 def decode_rate(pool, function, jobs):
@@ -191,9 +166,9 @@ class ReadyMadeSamples(torch.utils.data.Dataset):
 
 
 def transport_pipeline(length, batch_size, device):
-    options = torchlab_options(os.devnull, batch_size, device)
-    data_loader = loader.build_loader(ReadyMadeSamples(length, options.image_size), options, device, train=True)
-    return Pipeline("transport", data_loader, lambda images, labels: (images, labels), options.workers)
+    settings, image_size, _ = torchlab_settings(batch_size)
+    data_loader = loader.build_loader(ReadyMadeSamples(length, image_size), settings, device, train=True)
+    return Pipeline("transport", data_loader, lambda images, labels: (images, labels), settings.workers)
 
 
 def seconds_per_item(function, items):
@@ -211,12 +186,12 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
     """
     paths = [train_index.path(position) for position in range(min(STAGE_SAMPLES, len(train_index)))]
     transform = naive_transform(224)
-    decode, decoded = seconds_per_item(lambda path: Image.open(path).convert("RGB"), paths)
+    decode_seconds, decoded = seconds_per_item(lambda path: Image.open(path).convert("RGB"), paths)
     augment, tensors = seconds_per_item(transform, decoded)
     batch = [(tensor, 0) for tensor in tensors[:batch_size]]
     collate_float, _ = seconds_per_item(torch.utils.data.default_collate, [batch] * 4)
     torchvision_stages = {
-        "decode": decode,
+        "decode": decode_seconds,
         "augmentation": augment,
         "collate": collate_float / len(batch),
         "transfer": 1 / transport_rates["float32"],
@@ -284,7 +259,7 @@ def memory_growth_in_a_fork(read):
 
 def worker_memory_growth(dataset_index, epochs=1):
     """Bytes a forked process (as a loader worker is) gains per epoch reading every sample's index entry."""
-    # The sampler's orders are made in the main process, as loader.EpochSampler's are.
+    # The sampler's orders are made in the main process, as sampler.EpochSampler's are.
     orders = [np.random.default_rng(epoch).permutation(len(dataset_index)) for epoch in range(epochs)]
 
     def read_epochs():
@@ -301,7 +276,7 @@ def memory_measurements(prepared_root):
     count = MEMORY_INDEX_SAMPLES
     paths = [f"/data/train/n{number % 1000:08d}/n{number % 1000:08d}_{number}.JPEG" for number in range(count)]
     labels = np.arange(count) % 1000
-    sample_index = data.SampleIndex(paths, labels)
+    sample_index = folder.SampleIndex(paths, labels)
     del paths
     ends = np.arange(1, count + 1, dtype=np.int64)
     prepared_index = prepared.PreparedIndex(
@@ -404,12 +379,8 @@ def plot(report, path):
     plt.close(figure)
 
 
-def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device, print_line=print):
-    """Measure everything on the files at data_root and prepared_root; write out_dir/bench.{json,png}."""
-    _, train_index, _ = data.load_splits(data_root, 0.0, 0)
-    _, prepared_train_index, _ = data.load_splits(prepared_root, 0.0, 0)
-    warm_page_cache([*(train_index.path(p) for p in range(len(train_index))), prepared_train_index.data_path])
-    cpus = loader.usable_cpu_count()
+def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
+    """The four pipelines compared, and the two transport ceilings (uint8 and float32 batches)."""
     pipelines = {
         "naive": torchvision_pipeline("naive", os.path.join(data_root, "train"), batch_size, device, workers=0),
         "classic": torchvision_pipeline(
@@ -418,11 +389,12 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device),
         "torchlab-prepared": torchlab_pipeline("torchlab-prepared", prepared_root, batch_size, device),
     }
-    transport = transport_pipeline(len(train_index), batch_size, device)
+    length = len(pipelines["torchlab"].loader.dataset)
+    transport = transport_pipeline(length, batch_size, device)
     float_transport = Pipeline(
         "transport-float",
         torch.utils.data.DataLoader(
-            [(torch.zeros(3, 224, 224), 0)] * len(train_index),
+            [(torch.zeros(3, 224, 224), 0)] * length,
             batch_size=batch_size,
             num_workers=transport.workers,
             persistent_workers=transport.workers > 0,
@@ -430,24 +402,58 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         lambda images, labels: (images, labels),
         transport.workers,
     )
-    prepared_jobs = [
-        (prepared_train_index.data_path, int(start), int(end))
-        for start, end in zip(prepared_train_index.starts, prepared_train_index.ends, strict=True)
-    ]
-    runs = {name: [] for name in [*pipelines, "transport", "transport-float", "decode_only", "decode_only_prepared"]}
-    paths = [train_index.path(position) for position in range(len(train_index))]
+    return pipelines, {"transport": transport, "transport-float": float_transport}
+
+
+def measure_rates(pipelines, transports, decode_jobs, repetitions, device, cpus, print_line):
+    """images/s of every pipeline, transport and decode-only ceiling, interleaved over the passes (the first
+    a warm-up): {name: [images/s of each timed pass]}."""
+    runs = {name: [] for name in [*pipelines, *transports, *decode_jobs]}
     with multiprocessing.get_context("fork").Pool(cpus) as pool:
-        for repetition in range(repetitions + 1):  # the first is the warm-up
+        for repetition in range(repetitions + 1):
             print_line(f"pass {repetition}{' (warm-up)' if repetition == 0 else ''} ...")
-            for name, pipeline in [*pipelines.items(), ("transport", transport), ("transport-float", float_transport)]:
-                result = measure_pass(pipeline, repetition, device)
-                if repetition > 0:
-                    runs[name].append(result["images_per_sec"])
-            decode_only = decode_rate(pool, decode_file, paths)
-            decode_only_prepared = decode_rate(pool, decode_prepared, prepared_jobs)
+            rates = {name: measure_pass(pipeline, repetition, device)["images_per_sec"]
+                     for name, pipeline in {**pipelines, **transports}.items()}  # fmt: skip
+            for name, (function, jobs) in decode_jobs.items():
+                rates[name] = decode_rate(pool, function, jobs)
             if repetition > 0:
-                runs["decode_only"].append(decode_only)
-                runs["decode_only_prepared"].append(decode_only_prepared)
+                for name, rate in rates.items():
+                    runs[name].append(rate)
+    return runs
+
+
+def pipeline_rows(pipelines, runs, medians, waits, stages):
+    """The report's row of each pipeline: images/s, ratios, data wait under the simulated consumer, limit."""
+    rows = {}
+    for name, pipeline in pipelines.items():
+        rows[name] = {
+            "images_per_sec": medians[name],
+            "runs": runs[name],
+            "vs_naive": medians[name] / medians["naive"],
+            "vs_classic": medians[name] / medians["classic"],
+            "workers": pipeline.workers,
+            **{key: statistics.median(wait[key] for wait in waits[name]) for key in waits[name][0] if "wait" in key},
+            "fill_s": statistics.median(wait["fill_s"] for wait in waits[name]),
+            "limit": stages[name]["limit"],
+        }
+    return rows
+
+
+def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device, print_line=print):
+    """Measure everything on the files at data_root and prepared_root; write out_dir/bench.{json,png}."""
+    _, train_index, _ = splits.load_splits(data_root, 0.0, 0)
+    _, prepared_train_index, _ = splits.load_splits(prepared_root, 0.0, 0)
+    warm_page_cache([*(train_index.path(p) for p in range(len(train_index))), prepared_train_index.data_path])
+    cpus = loader.usable_cpu_count()
+    pipelines, transports = make_pipelines(data_root, prepared_root, batch_size, device, cpus)
+    decode_jobs = {
+        "decode_only": (decode_file, [train_index.path(position) for position in range(len(train_index))]),
+        "decode_only_prepared": (decode_prepared, [
+            (prepared_train_index.data_path, int(start), int(end))
+            for start, end in zip(prepared_train_index.starts, prepared_train_index.ends, strict=True)
+        ]),
+    }  # fmt: skip
+    runs = measure_rates(pipelines, transports, decode_jobs, repetitions, device, cpus, print_line)
     medians = {name: statistics.median(rates) for name, rates in runs.items()}
 
     consumer_seconds = batch_size / (CONSUMER_SPEEDUP * medians["classic"])
@@ -470,7 +476,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
             "pillow": PIL.__version__,
         },
         "data": {**data_statistics(train_index), "root": data_root, "prepared_root": prepared_root},
-        "pipelines": {},
+        "pipelines": pipeline_rows(pipelines, runs, medians, waits, stages),
         "ceilings": {
             "decode_only": medians["decode_only"],
             "decode_only_prepared": medians["decode_only_prepared"],
@@ -481,17 +487,6 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "stages": stages,
         "worker_memory": memory_measurements(prepared_root),
     }
-    for name, pipeline in pipelines.items():
-        report["pipelines"][name] = {
-            "images_per_sec": medians[name],
-            "runs": runs[name],
-            "vs_naive": medians[name] / medians["naive"],
-            "vs_classic": medians[name] / medians["classic"],
-            "workers": pipeline.workers,
-            **{key: statistics.median(wait[key] for wait in waits[name]) for key in waits[name][0] if "wait" in key},
-            "fill_s": statistics.median(wait["fill_s"] for wait in waits[name]),
-            "limit": stages[name]["limit"],
-        }
     os.makedirs(out_dir, exist_ok=True)
     json_path, png_path = os.path.join(out_dir, "bench.json"), os.path.join(out_dir, "bench.png")
     with open(json_path, "w") as json_file:
@@ -503,10 +498,10 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
     return report
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(prog):
+    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--images", type=cli.positive_int, default=2000, help="generated training images (default: 2000)"
+        "--images", type=config.positive_int, default=2000, help="generated training images (default: 2000)"
     )
     parser.add_argument(
         "--cache-dir",
@@ -523,17 +518,17 @@ def build_parser():
         "--out-dir", default="bench-results", help="where bench.json and bench.png go (default: bench-results)"
     )
     parser.add_argument(
-        "--repetitions", type=cli.positive_int, default=3, help="timed passes of each pipeline (default: 3)"
+        "--repetitions", type=config.positive_int, default=3, help="timed passes of each pipeline (default: 3)"
     )
-    parser.add_argument("--batch-size", type=cli.positive_int, default=64, help="images per batch (default: 64)")
+    parser.add_argument("--batch-size", type=config.positive_int, default=64, help="images per batch (default: 64)")
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if present (default: auto)"
     )
     return parser
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog="torchlab bench"):
+    args = build_parser(prog).parse_args(argv)
     cache_dir = os.path.expanduser(args.cache_dir)
     data_root = args.data or os.path.join(cache_dir, f"images-{args.images}-seed0")
     if args.data is None:
@@ -543,9 +538,8 @@ def main(argv=None):
     print(f"preparing {prepared_root} (once) ...", flush=True)
     try:
         prepared.prepare(data_root, prepared_root)
-    except data.DataError as error:
-        print(f"bench.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    except folder.DataError as error:
+        io.exit_with_error(prog, error)
     # One torch thread in this process: with more, torchvision's per-image Normalize (naive) waits on its
     # threads at every call, ~10x slower on 2 busy cores; train.py's workers run one thread each as well.
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """A prepared copy of an ImageFolder: one memory-mapped data file plus an index, read by `--data PREPARED`.
 
-`python prepared.py SOURCE OUT` writes OUT/images.bin (every image, resized so that its short side is
+`torchlab prepare SOURCE OUT` writes OUT/images.bin (every image, resized so that its short side is
 --short-side px, 256 by default, stored as JPEG bytes at --quality, 90 by default, one after another) and
 OUT/index.npz (where each image starts and ends, its label, its split, its original path, the class names
 and a fingerprint of SOURCE). train.py and the loader take OUT wherever they take an ImageFolder.
@@ -8,7 +8,7 @@ and a fingerprint of SOURCE). train.py and the loader take OUT wherever they tak
 Why JPEG bytes and not raw pixels: at 256 px a raw image is ~260 KB and a JPEG ~25 KB, so ImageNet's
 1.28 M images take ~32 GB instead of ~330 GB and stay in the page cache of an ordinary machine; decoding
 256 px instead of ~470 x 390 px is already 2-3x faster than the original files, and every sample still goes
-through the same crop and resize (data.load_crop) as the original files.
+through the same crop and resize (decode.load_crop) as the original files.
 
 Writing is resumable and atomic: images.bin and a length per image are appended and synced every
 CHECKPOINT_IMAGES images with a progress record; a rerun after an interruption truncates both to the last
@@ -17,20 +17,18 @@ unfinished and is never read. At open, the copy refuses to be read when SOURCE i
 (names, sizes, modification times) are not the ones it was made from.
 """
 
-import argparse
 import hashlib
-import io
 import json
 import mmap
 import multiprocessing
 import os
-import sys
+from io import BytesIO
 
 import numpy as np
 from PIL import Image
 
-import data
-import loader
+from torchlab import io, loader
+from torchlab.data import decode, folder
 
 DATA_FILE = "images.bin"
 INDEX_FILE = "index.npz"
@@ -52,7 +50,7 @@ def source_fingerprint(root, paths):
 
 def list_source(root, val_fraction, seed):
     """The source's samples in the copy's order: (class_names, paths, labels, splits (0 train, 1 val))."""
-    class_names, train_index, val_index = data.load_splits(root, val_fraction, seed)
+    class_names, train_index, val_index = folder.index_image_folder(root, val_fraction, seed)
     paths = [index.path(position) for index in (train_index, val_index) for position in range(len(index))]
     labels = np.concatenate([train_index.labels, val_index.labels])
     splits = np.repeat(np.arange(len(SPLITS), dtype=np.uint8), [len(train_index), len(val_index)])
@@ -67,8 +65,8 @@ def resized_jpeg(path, short_side, quality):
         size = (max(1, round(width * scale)), max(1, round(height * scale)))
         image.draft("RGB", size)  # a JPEG decodes at 1/2, 1/4 or 1/8 scale when that still covers `size`
         rgb = image if image.mode == "RGB" else image.convert("RGB")
-        resized = rgb.resize(size, Image.Resampling.BILINEAR, reducing_gap=data.RESIZE_REDUCING_GAP)
-    encoded = io.BytesIO()
+        resized = rgb.resize(size, Image.Resampling.BILINEAR, reducing_gap=decode.RESIZE_REDUCING_GAP)
+    encoded = BytesIO()
     resized.save(encoded, "JPEG", quality=quality)  # Pillow's default 4:2:0 chroma: the faster decode
     return encoded.getvalue()
 
@@ -78,18 +76,8 @@ def resized_jpeg_or_empty(job):
     path, short_side, quality = job
     try:
         return resized_jpeg(path, short_side, quality)
-    except data.UNREADABLE_IMAGE_ERRORS:
+    except decode.UNREADABLE_IMAGE_ERRORS:
         return b""
-
-
-def write_atomically(path, write):
-    """Call write(file) on path + ".tmp", sync it and rename it to `path`."""
-    temp_path = path + ".tmp"
-    with open(temp_path, "wb") as temp_file:
-        write(temp_file)
-        temp_file.flush()
-        os.fsync(temp_file.fileno())
-    os.replace(temp_path, path)
 
 
 def read_progress(out_dir, settings):
@@ -100,7 +88,10 @@ def read_progress(out_dir, settings):
     except (FileNotFoundError, json.JSONDecodeError):
         return 0, 0
     if progress["settings"] != settings:
-        print(f"prepared.py: {out_dir}: the source or the settings changed since the interrupted run; starting afresh")
+        print(
+            f"torchlab prepare: {out_dir}: the source or the settings changed since the interrupted run; "
+            "starting afresh"
+        )
         return 0, 0
     return progress["images"], progress["bytes"]
 
@@ -144,10 +135,10 @@ def prepare(source, out_dir, short_side=256, quality=90, val_fraction=0.1, seed=
                     file.flush()
                     os.fsync(file.fileno())
                 progress = json.dumps({"settings": settings, "images": number, "bytes": done_bytes}).encode()
-                write_atomically(os.path.join(out_dir, PROGRESS_FILE), lambda file, text=progress: file.write(text))
+                io.atomic_write(os.path.join(out_dir, PROGRESS_FILE), lambda file, text=progress: file.write(text))
     ends = np.cumsum(np.fromfile(lengths_path, dtype=np.int64))
-    path_index = data.SampleIndex(paths, labels)
-    index = {
+    path_index = folder.SampleIndex(paths, labels)
+    index_arrays = {
         "manifest": np.array(json.dumps({**settings, "class_names": class_names})),
         "ends": ends,
         "labels": labels,
@@ -155,7 +146,7 @@ def prepare(source, out_dir, short_side=256, quality=90, val_fraction=0.1, seed=
         "path_bytes": path_index.path_bytes,
         "path_offsets": path_index.offsets,
     }
-    write_atomically(os.path.join(out_dir, INDEX_FILE), lambda file: np.savez(file, **index))
+    io.atomic_write(os.path.join(out_dir, INDEX_FILE), lambda file: np.savez(file, **index_arrays))
     for leftover in (LENGTHS_FILE, PROGRESS_FILE):
         os.remove(os.path.join(out_dir, leftover))
     return True
@@ -179,7 +170,7 @@ class PreparedIndex:
         self.starts = starts
         self.ends = ends
         self.labels = labels
-        self.paths = paths  # a data.SampleIndex of the original paths
+        self.paths = paths  # a folder.SampleIndex of the original paths
         self._mapping, self._mapping_pid = None, None
 
     def __len__(self):
@@ -196,7 +187,7 @@ class PreparedIndex:
             with open(self.data_path, "rb") as data_file:
                 self._mapping = mmap.mmap(data_file.fileno(), 0, access=mmap.ACCESS_READ)
             self._mapping_pid = os.getpid()
-        return io.BytesIO(self._mapping[self.starts[position] : self.ends[position]])
+        return BytesIO(self._mapping[self.starts[position] : self.ends[position]])
 
     def subset(self, positions):
         return PreparedIndex(
@@ -209,25 +200,27 @@ class PreparedIndex:
 
 
 def open_prepared(root):
-    """(class_names, train PreparedIndex, val PreparedIndex) of a finished copy. Raises data.DataError."""
+    """(class_names, train PreparedIndex, val PreparedIndex) of a finished copy. Raises folder.DataError."""
     index_path = os.path.join(root, INDEX_FILE)
     if not os.path.exists(index_path):
-        raise data.DataError(f"{root}: an unfinished prepared copy; run prepared.py again with the same arguments")
+        raise folder.DataError(
+            f"{root}: an unfinished prepared copy; run torchlab prepare again with the same arguments"
+        )
     with np.load(index_path) as index:
         manifest = json.loads(str(index["manifest"]))
         ends, labels, splits = index["ends"], index["labels"], index["splits"]
-        paths = data.SampleIndex.from_arrays(index["path_bytes"], index["path_offsets"], labels)
+        paths = folder.SampleIndex.from_arrays(index["path_bytes"], index["path_offsets"], labels)
     source = manifest["source"]
     if os.path.isdir(source):  # a copy moved to another machine without its source is read as it is
         try:
             current_paths = list_source(source, manifest["val_fraction"], manifest["seed"])[1]
             unchanged = source_fingerprint(source, current_paths) == manifest["fingerprint"]
-        except (data.DataError, FileNotFoundError):
+        except (folder.DataError, FileNotFoundError):
             unchanged = False
         if not unchanged:
-            raise data.DataError(
+            raise folder.DataError(
                 f"{root}: its source {source} has changed since it was prepared (files added, removed or modified); "
-                f"prepare it again: python prepared.py {source} NEW_FOLDER"
+                f"prepare it again: torchlab prepare {source} NEW_FOLDER"
             )
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     everything = PreparedIndex(os.path.join(root, DATA_FILE), starts, ends, labels, paths)
@@ -235,8 +228,8 @@ def open_prepared(root):
     return manifest["class_names"], *split_indexes
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None, prog="torchlab prepare"):
+    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="an ImageFolder, as train.py's --data takes it")
     parser.add_argument("out_dir", help="the prepared copy to write (or to finish, after an interruption)")
     parser.add_argument(
@@ -253,9 +246,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         written = prepare(args.source, args.out_dir, args.short_side, args.quality, args.val_fraction, args.seed)
-    except data.DataError as error:
-        print(f"prepared.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    except folder.DataError as error:
+        io.exit_with_error(prog, error)
     print(f"{'wrote' if written else 'already complete:'} {args.out_dir}")
 
 

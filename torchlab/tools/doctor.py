@@ -1,11 +1,10 @@
-"""Check this container before a long run: `python doctor.py` (or `torchlab doctor`); --help lists what it checks.
+"""Check this container before a long run: `torchlab doctor`; --help lists what it checks.
 
 Each check is one row: ok, warn or fail, what was found, and for warn and fail the fix in words. A notebook
 calls run_checks() and gets a Report: a list of Check rows that shows itself as an HTML table.
 The defaults of --data, --workers, --batch-size, --prefetch-factor, --image-size and --run-dir are train.py's.
 """
 
-import argparse
 import dataclasses
 import html
 import json
@@ -19,16 +18,14 @@ import time
 
 import torch
 
-import cli
-import data
-import loader
+from torchlab import config, io, loader
+from torchlab.data import folder, splits
+from torchlab.tools import autotune
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SEVERITY = {OK: 0, WARN: 1, FAIL: 2}
 EXIT_FAIL = 1
 GIB = 2**30
-# Batches travel from the loader workers to the training process through /dev/shm as uint8 H x W x 3 arrays.
-IMAGE_CHANNELS = 3
 SUGGESTED_SHM_GIB = 8
 # /dev/shm under twice what the batches in flight take leaves too little for anything else there.
 SHM_HEADROOM = 2.0
@@ -41,6 +38,7 @@ MATMUL_SIZE = 1024
 MATMUL_REPEATS = 10
 MATMUL_TOLERANCE = 1e-2  # relative to the largest entry; TF32 lands near 1e-3, fp32 near 1e-6
 CLASS_NAMES_SHOWN = 5
+ENV_SPEC = "/opt/torchlab/environment.yml"  # the image's pins (the repository's environment.yml)
 GPUS_FIX = "start the container with --gpus all (the host needs the NVIDIA driver and the NVIDIA Container Toolkit)"
 
 
@@ -124,7 +122,19 @@ def check_python():
     return Check("python", OK, f"{sys.version.split()[0]} ({sys.executable})", facts={"version": sys.version})
 
 
-def check_torch():
+def pinned_version(conda_name, spec_path=ENV_SPEC):
+    """The version environment.yml pins `conda_name` to, or None (no such file or pin)."""
+    try:
+        with open(spec_path) as spec:
+            pins = re.findall(rf"^\s*-\s*{re.escape(conda_name)}=([\w.]+)", spec.read(), flags=re.M)
+    except OSError:
+        return None
+    return pins[0] if pins else None
+
+
+def check_torch(spec_path=ENV_SPEC):
+    """torch's version and build; a failure when it is not the version the image pins (a `pip install --user
+    torch` on /workspace shadows the env's)."""
     if torch.version.cuda is not None:
         cudnn = torch.backends.cudnn.version()
         built = f"CUDA {torch.version.cuda}, cuDNN {cudnn_version_text(cudnn) if cudnn else 'none'}"
@@ -133,7 +143,15 @@ def check_torch():
     else:
         built = "CPU only"
     facts = {"version": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
-    return Check("torch", OK, f"{torch.__version__}, built with {built}", facts=facts)
+    detail = f"{torch.__version__}, built with {built}"
+    pinned = pinned_version("pytorch", spec_path)
+    if pinned is not None and torch.__version__.split("+")[0] != pinned:
+        return Check(
+            "torch", FAIL, f"{detail}, from {os.path.dirname(torch.__file__)}; the image pins {pinned}",
+            fix="another torch shadows the image's: pip uninstall it (a --user install lands in /workspace/.local)",
+            facts=facts,
+        )  # fmt: skip
+    return Check("torch", OK, detail, facts=facts)
 
 
 def check_package(name):
@@ -290,8 +308,8 @@ def check_data(data_dir, batch_size, val_fraction, seed):
         return problem
     has_val_folder = all(os.path.isdir(os.path.join(data_dir, split)) for split in ("train", "val"))
     try:
-        class_names, train_index, val_index = data.load_splits(data_dir, val_fraction, seed)
-    except data.DataError as error:
+        class_names, train_index, val_index = splits.load_splits(data_dir, val_fraction, seed)
+    except folder.DataError as error:
         return Check("data", FAIL, str(error), fix=f"arrange {data_dir} as train/CLASS/IMAGE and val/CLASS/IMAGE")
     except OSError as error:
         return Check("data", FAIL, f"cannot read {data_dir}: {error}", fix="on the host: chmod -R a+rX the folder")
@@ -320,32 +338,37 @@ def check_data(data_dir, batch_size, val_fraction, seed):
     return Check("data", status, detail, fix, facts)
 
 
-shared_memory_bytes = loader.shared_memory_bytes
-
-
 def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, processes=1):
-    """Whether /dev/shm ((size, free) bytes, or None) holds the batches the loader workers keep in flight."""
-    batch_bytes = batch_size * image_size * image_size * IMAGE_CHANNELS
-    needed = processes * workers * prefetch_factor * batch_bytes
-    suggested_gib = max(SUGGESTED_SHM_GIB, math.ceil(SHM_HEADROOM * needed / GIB))
+    """Whether /dev/shm ((size, free) bytes, or None) holds the batches the loader keeps there, judged by the
+    loader's own loader.fit_shared_memory: facts["loader_workers"] and ["loader_prefetch_factor"] are what
+    train.py will use."""
+    fit = loader.fit_shared_memory(
+        workers, prefetch_factor, loader.batch_bytes(batch_size, image_size), None if shm is None else shm[1], processes
+    )
+    suggested_gib = max(SUGGESTED_SHM_GIB, math.ceil(SHM_HEADROOM * fit.needed / GIB))
     fix = (
         f"start the container with --shm-size={suggested_gib}g (or --ipc=host), "
         "or lower --workers, --prefetch-factor or --batch-size"
     )
     need_text = (
-        f"{workers} workers x {prefetch_factor} prefetched x {batch_size} images of {image_size}x{image_size}x3 "
-        f"uint8{f' x {processes} processes' if processes > 1 else ''} = {format_bytes(needed)} in flight"
+        f"({workers} workers x {prefetch_factor} prefetched + {loader.BATCHES_HELD_BY_MAIN} held) x {batch_size} "
+        f"images of {image_size}x{image_size}x3 uint8{f' x {processes} processes' if processes > 1 else ''} = "
+        f"{format_bytes(fit.needed)}"
     )
     if shm is None:
-        if needed == 0:
+        if fit.needed == 0:
             return Check("shared memory", OK, f"no /dev/shm; not needed with {workers} workers")
         return Check("shared memory", FAIL, f"no /dev/shm; {need_text}", fix=fix)
     size, free = shm
     detail = f"/dev/shm {format_bytes(size)} ({format_bytes(free)} free); {need_text}"
-    facts = {"size": size, "free": free, "needed": needed, "workers": workers}
-    if free < needed:
-        return Check("shared memory", FAIL, detail + ": DataLoader workers would die of a bus error", fix, facts)
-    if free < SHM_HEADROOM * needed:
+    facts = {"size": size, "free": free, "needed": fit.needed, "workers": workers, "prefetch_factor": prefetch_factor,
+             "loader_workers": fit.workers, "loader_prefetch_factor": fit.prefetch_factor}  # fmt: skip
+    if not fit.possible:
+        return Check("shared memory", FAIL, detail + ": not one worker's batches fit; train.py stops", fix, facts)
+    if not fit.fits:
+        lowered = f": train.py lowers the loader to {fit.workers} workers x {fit.prefetch_factor} prefetched"
+        return Check("shared memory", WARN, detail + lowered, fix, facts)
+    if free < SHM_HEADROOM * fit.needed:
         return Check("shared memory", WARN, detail + ": little room left", fix, facts)
     return Check("shared memory", OK, detail, facts=facts)
 
@@ -399,88 +422,94 @@ def check_run_dir(run_dir, fail_below=RUN_DIR_FAIL_BYTES, warn_below=RUN_DIR_WAR
 
 
 # ---------------------------------------------------------------- all of it
-def train_default(flag):
-    """The default of one of train.py's flags, e.g. train_default("batch_size")."""
-    return cli.build_parser().get_default(flag)
-
-
-def resolve_workers(workers, processes=1):
-    """--workers as train.py reads it: "auto" is each process's share of the usable CPUs."""
-    return loader.auto_worker_count(processes) if workers == "auto" else workers
+def loader_choice(data_dir, workers, prefetch_factor, batch_size, image_size, processes, autotune_file):
+    """--workers and --prefetch-factor as train.py resolves them on this machine (autotune.resolve_loader)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    key = autotune.setting_key(data_dir, image_size, batch_size, device, processes)
+    return autotune.resolve_loader(workers, prefetch_factor, None, autotune_file, key, processes)
 
 
 def run_checks(
-    data_dir=None, workers=None, batch_size=None, prefetch_factor=None, image_size=None, run_dir=None, processes=1
-):
-    """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults."""
-    data_dir = data_dir or train_default("data")
-    workers = resolve_workers(train_default("workers") if workers is None else workers, processes)
-    batch_size = batch_size or train_default("batch_size")
-    prefetch_factor = prefetch_factor or cli.DEFAULT_PREFETCH_FACTOR
-    image_size = image_size or train_default("image_size")
-    run_dir = run_dir or train_default("run_dir")
+    data_dir=None, workers=None, batch_size=None, prefetch_factor=None, image_size=None, run_dir=None, processes=1,
+    autotune_file=None,
+):  # fmt: skip
+    """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults; --workers auto
+    and --prefetch-factor resolve as train.py resolves them, with what --autotune saved in autotune_file."""
+    defaults = config.DEFAULTS
+    data_dir, batch_size = data_dir or defaults.data, batch_size or defaults.batch_size
+    image_size, run_dir = image_size or defaults.image_size, run_dir or defaults.run_dir
+    choice = loader_choice(
+        data_dir, defaults.workers if workers is None else workers, prefetch_factor, batch_size, image_size, processes,
+        autotune_file or defaults.autotune_file,
+    )  # fmt: skip
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
     report.extend(check_gpus())
-    report.append(check_data(data_dir, batch_size, train_default("val_fraction"), train_default("seed")))
-    report.append(
-        check_shared_memory(shared_memory_bytes(), workers, prefetch_factor, batch_size, image_size, processes)
-    )
-    report.append(check_cpus(workers, processes))
+    report.append(check_data(data_dir, batch_size, defaults.val_fraction, defaults.seed))
+    shm = loader.shared_memory_bytes()
+    report.append(check_shared_memory(shm, choice.workers, choice.prefetch_factor, batch_size, image_size, processes))
+    report.append(check_cpus(choice.workers, processes))
     report.append(check_run_dir(run_dir))
     return report
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="doctor.py",
+def build_parser(prog="torchlab doctor"):
+    parser = io.OneLineErrorParser(
+        prog=prog,
         description="Check this container before a long training run: Python and torch (versions, CUDA and cuDNN "
         "it was built with); each GPU (driver, memory, a small matmul); the data at --data (mounted? readable? "
         "layout, classes, image counts); /dev/shm against the batches the loader workers keep in flight; the "
-        "usable CPUs (affinity and cgroup quota); free disk at --run-dir. Also installed as `torchlab doctor`. "
+        "usable CPUs (affinity and cgroup quota); free disk at --run-dir. "
         "The loader flags default to train.py's: pass the ones you will train with.",
         epilog="Each line reads ok, warn or fail, and for warn and fail the fix. Exit status: 0 when nothing "
         "fails (warnings included), 1 when a check fails, 2 for a bad flag. A missing GPU is a warning (train.py "
         "runs on the CPU); a GPU that CUDA cannot use is a failure. Missing or unreadable data, a /dev/shm "
-        "smaller than the batches in flight (docker run --shm-size=8g), and a run dir that cannot be written "
-        "or has under 1 GiB free are failures.",
+        "too small for one loader worker's batches (docker run --shm-size=8g), and a run dir that cannot be "
+        "written or has under 1 GiB free are failures; a /dev/shm that makes train.py lower --workers or "
+        "--prefetch-factor is a warning.",
     )
-    parser.add_argument("--data", default=train_default("data"), help="the data train.py reads (default: %(default)s)")
+    defaults = config.DEFAULTS
+    parser.add_argument("--data", default=defaults.data, help="the data train.py reads (default: %(default)s)")
     parser.add_argument(
         "--workers",
-        type=cli.worker_count,
-        default=train_default("workers"),
-        help="loader workers per process, as train.py's --workers (default: %(default)s)",
+        type=config.worker_count,
+        default=defaults.workers,
+        help="loader workers per process, as train.py's --workers; auto reads --autotune-file as train.py does "
+        "(default: %(default)s)",
     )
     parser.add_argument(
-        "--batch-size", type=cli.positive_int, default=train_default("batch_size"), help="(default: %(default)s)"
+        "--batch-size", type=config.positive_int, default=defaults.batch_size, help="(default: %(default)s)"
     )
     parser.add_argument(
         "--prefetch-factor",
-        type=cli.positive_int,
-        default=cli.DEFAULT_PREFETCH_FACTOR,
-        help="(default: %(default)s)",
+        type=config.positive_int,
+        default=None,
+        help=f"as train.py's --prefetch-factor (default: {loader.DEFAULT_PREFETCH_FACTOR}, or what --autotune saved, "
+        "with --workers auto)",
     )
     parser.add_argument(
-        "--image-size", type=cli.positive_int, default=train_default("image_size"), help="(default: %(default)s)"
+        "--image-size", type=config.positive_int, default=defaults.image_size, help="(default: %(default)s)"
     )
     parser.add_argument(
         "--processes",
-        type=cli.positive_int,
+        type=config.positive_int,
         default=1,
         help="training processes on this machine, as torchrun --nproc-per-node (default: %(default)s)",
     )
+    parser.add_argument("--run-dir", default=defaults.run_dir, help="where checkpoints will go (default: %(default)s)")
     parser.add_argument(
-        "--run-dir", default=train_default("run_dir"), help="where checkpoints will go (default: %(default)s)"
-    )
+        "--autotune-file", default=defaults.autotune_file, help="what --autotune saved, read for --workers auto "
+        "(default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for tools")
     return parser
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog="torchlab doctor"):
+    args = build_parser(prog).parse_args(argv)
     report = run_checks(
-        args.data, args.workers, args.batch_size, args.prefetch_factor, args.image_size, args.run_dir, args.processes
-    )
+        args.data, args.workers, args.batch_size, args.prefetch_factor, args.image_size, args.run_dir, args.processes,
+        args.autotune_file,
+    )  # fmt: skip
     print(report.as_json() if args.json else report.as_text())
     sys.exit(report.exit_code)
 

@@ -1,4 +1,4 @@
-"""Write a small, realistic ImageFolder to try train.py on: `python sample_data.py OUT_DIR`.
+"""Write a small, realistic ImageFolder to try train.py on: `torchlab sample-data OUT_DIR`.
 
 OUT_DIR/train/CLASS/*.JPEG and OUT_DIR/val/CLASS/*.JPEG: JPEGs of ImageNet-like size (400-500 x 350-400 px,
 quality 90-96) with natural-looking 1/f ("pink") noise texture. Each class has its own dominant hue and
@@ -9,19 +9,15 @@ The set is built in a hidden temporary folder beside OUT_DIR and renamed to OUT_
 half-written set is never seen. If OUT_DIR already holds a complete set, nothing is done.
 """
 
-import argparse
 import colorsys
-import json
 import math
 import os
-import shutil
-import sys
-import tempfile
 
 import numpy as np
 from PIL import Image
 
-COMPLETE_MARKER = ".sample-data.json"  # written last; hidden, so never taken for a class
+from torchlab import io
+
 SPLIT_SEEDS = {"train": 0, "val": 1}
 NOISE_FFT_SIDE = 512  # the smallest FFT side; larger images get the next power of two
 
@@ -62,30 +58,6 @@ def write_split(folder, split, classes, per_class, seed):
             Image.fromarray(class_image(rng, class_id, classes)).save(path, quality=int(rng.integers(90, 97)))
 
 
-def publish_atomically(out_dir, write_into, settings):
-    """Run write_into(folder) on a hidden folder beside `out_dir`, mark it complete, rename it to `out_dir`.
-
-    Returns False, writing nothing, when `out_dir` is already a complete set (of any settings).
-    """
-    if os.path.exists(os.path.join(out_dir, COMPLETE_MARKER)):
-        return False
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir} exists and is not a generated data set: not overwriting it")
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    temp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
-    try:
-        os.chmod(temp_dir, 0o755)  # mkdtemp makes it private; a data set is for everyone to read
-        write_into(temp_dir)
-        with open(os.path.join(temp_dir, COMPLETE_MARKER), "w") as marker:
-            json.dump(settings, marker)
-        os.rename(temp_dir, out_dir)  # atomic; replaces an empty folder (a fresh mount point), nothing else
-    except BaseException:
-        shutil.rmtree(temp_dir)
-        raise
-    return True
-
-
 def write_sample_data(out_dir, classes, per_class, val_per_class, seed):
     """Build the set beside `out_dir` and rename it into place; returns False when it was already there."""
 
@@ -95,11 +67,11 @@ def write_sample_data(out_dir, classes, per_class, val_per_class, seed):
             write_split(folder, "val", classes, val_per_class, seed)
 
     settings = {"classes": classes, "per_class": per_class, "val_per_class": val_per_class, "seed": seed}
-    return publish_atomically(out_dir, write_into, settings)
+    return io.publish_folder(out_dir, write_into, settings)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None, prog="torchlab sample-data"):
+    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to create, e.g. /workspace/sample-data")
     parser.add_argument("--classes", type=int, default=4, help="number of classes (default: 4)")
     parser.add_argument("--per-class", type=int, default=40, help="training images per class (default: 40)")
@@ -110,21 +82,11 @@ def main(argv=None):
     for name, minimum in minimums.items():
         if getattr(args, name) < minimum:
             parser.error(f"--{name.replace('_', '-')}: expected an integer >= {minimum}, got {getattr(args, name)}")
-    report_written(
-        "sample_data.py",
+    io.report_published(
+        prog,
         args.out_dir,
         lambda: write_sample_data(args.out_dir, args.classes, args.per_class, args.val_per_class, args.seed),
     )
-
-
-def report_written(prog, out_dir, write):
-    """Run write() (which publishes out_dir atomically) and say what it did; a clash is one line and exit 2."""
-    try:
-        written = write()
-    except FileExistsError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    print(f"{'wrote' if written else 'already complete:'} {out_dir}")
 
 
 if __name__ == "__main__":

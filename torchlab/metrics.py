@@ -15,7 +15,7 @@ import time
 import torch
 from tqdm import tqdm
 
-import distributed
+from torchlab import distributed
 
 # How a record reads on one line: its fields in this order, each when present.
 LINE_FIELDS = (

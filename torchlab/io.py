@@ -1,0 +1,103 @@
+"""What every command shares about files and bad input: atomic writes of a file and of a folder, and bad input
+as one line and exit 2.
+
+atomic_write writes to a hidden temporary file in the same folder, flushes and fsyncs it, renames it over its
+final name (os.replace: atomic on POSIX) and fsyncs the folder, so that the rename survives a power cut. A
+crash leaves at most a stale temporary file (.NAME.PID.tmp), which remove_stale_temp_files deletes.
+publish_folder does the same for a generated folder (sample data, benchmark data): built beside its final
+name, marked complete, renamed into place.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+USAGE_ERROR_STATUS = 2  # argparse's convention for bad input
+TEMP_NAME = re.compile(r"\..+[.-]\d+\.tmp")  # also .checkpoint-PID.tmp, the name before 0.3
+# Written last into a folder that publish_folder makes; hidden, so never taken for a class of an ImageFolder.
+COMPLETE_MARKER = ".sample-data.json"
+
+
+def exit_with_error(prog, message, status=USAGE_ERROR_STATUS):
+    """One line on stderr, "PROG: error: MESSAGE", and exit. Control characters in what the user typed (a
+    newline, say) are shown escaped, so the line stays one line."""
+    message = "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(message))
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but its errors are one line (no usage block), like every other input error here."""
+
+    def error(self, message):
+        exit_with_error(self.prog, f"{message} (see --help)")
+
+
+def fsync_directory(path):
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def atomic_write(path, write):
+    """write(binary file) into `path` so that `path` holds either the old file or the whole new one."""
+    directory = os.path.dirname(path) or "."
+    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(temp_path, "wb") as temp_file:
+            write(temp_file)
+            temp_file.flush()
+            os.fsync(temp_file.fileno())
+        os.replace(temp_path, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_path)
+        raise
+    fsync_directory(directory)
+
+
+def remove_stale_temp_files(directory):
+    """Delete what an interrupted atomic_write left in `directory`."""
+    for name in os.listdir(directory):
+        if TEMP_NAME.fullmatch(name):
+            os.unlink(os.path.join(directory, name))
+
+
+def publish_folder(out_dir, write_into, settings):
+    """Run write_into(folder) on a hidden folder beside `out_dir`, mark it complete, rename it to `out_dir`.
+
+    Returns False, writing nothing, when `out_dir` is already a complete set (of any settings).
+    """
+    if os.path.exists(os.path.join(out_dir, COMPLETE_MARKER)):
+        return False
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        raise FileExistsError(f"{out_dir} exists and is not a generated data set: not overwriting it")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    temp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
+    try:
+        os.chmod(temp_dir, 0o755)  # mkdtemp makes it private; a data set is for everyone to read
+        write_into(temp_dir)
+        with open(os.path.join(temp_dir, COMPLETE_MARKER), "w") as marker:
+            json.dump(settings, marker)
+        os.rename(temp_dir, out_dir)  # atomic; replaces an empty folder (a fresh mount point), nothing else
+    except BaseException:
+        shutil.rmtree(temp_dir)
+        raise
+    return True
+
+
+def report_published(prog, out_dir, write):
+    """Run write() (which publishes out_dir atomically) and say what it did; a clash is one line and exit 2."""
+    try:
+        written = write()
+    except FileExistsError as error:
+        exit_with_error(prog, error)
+    print(f"{'wrote' if written else 'already complete:'} {out_dir}")

@@ -1,0 +1,260 @@
+"""The input pipeline: worker processes, uint8 batches, the /dev/shm budget, normalising on the device.
+
+build_loader(dataset, settings, device, train) is the one place a DataLoader is made: training, validation,
+--loader-only and anything that times "this project's pipeline" all call it, with a LoaderSettings.
+fit_shared_memory is the one answer to "do the batches fit in /dev/shm, and if not, what does": the loader,
+autotune and the doctor all call it. timed_pass is the one loop that reads a pass as training does and times it.
+
+Batches stay uint8 (N, H, W, 3) from decoding to the device: a quarter of float32's bytes through the
+worker queues, pinned memory and the bus. BatchToDevice turns them into normalised float NCHW tensors in
+channels_last memory (the same bytes, seen through permuted strides) on the device.
+"""
+
+import dataclasses
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from torchlab.data import sampler
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+MAX_AUTO_WORKERS = 8
+DEFAULT_PREFETCH_FACTOR = 4
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+SHM_PATH = "/dev/shm"
+IMAGE_CHANNELS = 3
+# Besides the workers x prefetch_factor batches in flight, the main process holds the batch it is using and
+# the one it has just received, both still in /dev/shm.
+BATCHES_HELD_BY_MAIN = 2
+MB = 1e6
+
+
+class SharedMemoryError(RuntimeError):
+    """/dev/shm cannot hold even one worker's batch: the message says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderSettings:
+    """What build_loader needs to know besides the dataset: train.py's loader flags, resolved (workers a number)."""
+
+    batch_size: int = 64
+    workers: int = 0
+    prefetch_factor: int = DEFAULT_PREFETCH_FACTOR
+    persistent_workers: bool = True
+    pin_memory: bool = None  # None: when the device is CUDA
+    seed: int = 0
+    processes_on_machine: int = 1  # training processes sharing this machine's /dev/shm
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedMemoryFit:
+    """fit_shared_memory's answer: the /dev/shm bytes the asked settings need (all processes on the machine),
+    whether they fit, and the (workers, prefetch_factor) the loader uses, or possible=False when not even one
+    worker's batches fit."""
+
+    needed: int
+    fits: bool
+    workers: int
+    prefetch_factor: int
+    possible: bool
+
+
+def cgroup_cpu_limit(root=CGROUP_ROOT):
+    """CPUs the cgroup CPU quota allows (e.g. 1.5 for docker run --cpus=1.5), or None without a quota."""
+    try:  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+        with open(os.path.join(root, "cpu.max")) as cpu_max:
+            quota, period = cpu_max.read().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except FileNotFoundError:
+        pass
+    for controller in ("cpu", "cpu,cpuacct"):  # cgroup v1: a quota of -1 means none
+        try:
+            with open(os.path.join(root, controller, "cpu.cfs_quota_us")) as quota_file:
+                quota = int(quota_file.read())
+            with open(os.path.join(root, controller, "cpu.cfs_period_us")) as period_file:
+                period = int(period_file.read())
+        except FileNotFoundError:
+            continue
+        return None if quota <= 0 else quota / period
+    return None
+
+
+def usable_cpu_count(cgroup_root=CGROUP_ROOT):
+    """CPUs this process may run on: its CPU affinity, capped by the cgroup quota (not os.cpu_count())."""
+    cpus = len(os.sched_getaffinity(0))
+    limit = cgroup_cpu_limit(cgroup_root)
+    return cpus if limit is None else max(1, min(cpus, math.floor(limit)))
+
+
+def auto_worker_count(processes_on_this_machine):
+    """--workers auto: this process's share of the usable CPUs, at most MAX_AUTO_WORKERS."""
+    return min(MAX_AUTO_WORKERS, max(1, usable_cpu_count() // processes_on_this_machine))
+
+
+def shared_memory_bytes(path=SHM_PATH):
+    """(size, free) of /dev/shm in bytes, or None where there is none."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+
+
+def batch_bytes(batch_size, image_size):
+    """Bytes of one uint8 batch of batch_size x image_size x image_size x 3."""
+    return batch_size * image_size * image_size * IMAGE_CHANNELS
+
+
+def shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes_on_machine=1):
+    """/dev/shm bytes that the loaders' batches take at most: those in flight and those each main process holds."""
+    per_process = (workers * prefetch_factor + BATCHES_HELD_BY_MAIN) * one_batch_bytes if workers > 0 else 0
+    return processes_on_machine * per_process
+
+
+def fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, processes_on_machine=1):
+    """The (workers, prefetch_factor) nearest those asked for whose batches fit in free_bytes of /dev/shm
+    (None: no /dev/shm, nothing fits but no workers), shared by the processes on this machine: prefetch_factor
+    is lowered first, then workers. Works in one step for any flag values."""
+    needed = shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes_on_machine)
+    if needed == 0 or (free_bytes is not None and needed <= free_bytes):
+        return SharedMemoryFit(needed, True, workers, prefetch_factor, possible=True)
+    # Batches that may be in flight in each process: what fits, less those its main process holds.
+    in_flight = (free_bytes or 0) // processes_on_machine // one_batch_bytes - BATCHES_HELD_BY_MAIN
+    if in_flight >= workers:
+        return SharedMemoryFit(needed, False, workers, in_flight // workers, possible=True)
+    if in_flight >= 1:
+        return SharedMemoryFit(needed, False, in_flight, 1, possible=True)
+    return SharedMemoryFit(needed, False, 0, prefetch_factor, possible=False)
+
+
+def collate_uint8(samples):
+    """Batch ImageDataset samples: (images uint8 (N, H, W, 3), labels int64 (N,), unreadable positions).
+
+    The images are stacked straight into one preallocated tensor; unreadable samples are left out.
+    """
+    readable = [sample for sample in samples if sample[0] is not None]
+    image_shape = readable[0][0].shape if readable else (0, 0, 3)
+    images = torch.empty((len(readable), *image_shape), dtype=torch.uint8)
+    if readable:
+        np.stack([pixels for pixels, _, _ in readable], out=images.numpy())
+    labels = torch.tensor([label for _, label, _ in readable], dtype=torch.int64)
+    unreadable = torch.tensor([position for pixels, _, position in samples if pixels is None], dtype=torch.int64)
+    return images, labels, unreadable
+
+
+def init_worker(worker_id):
+    """Each worker decodes on one thread: parallelism comes from the workers, not from torch's thread pool."""
+    torch.set_num_threads(1)
+
+
+def fitted_workers(settings, one_batch_bytes, rank):
+    """(workers, prefetch_factor) for the loader: as asked when /dev/shm holds their batches, else lowered,
+    saying so on stderr (rank 0); SharedMemoryError when not one worker's batches fit."""
+    shm = shared_memory_bytes()
+    if settings.workers == 0 or shm is None:
+        return settings.workers, settings.prefetch_factor
+    free = shm[1]
+    fit = fit_shared_memory(
+        settings.workers, settings.prefetch_factor, one_batch_bytes, free, settings.processes_on_machine
+    )
+    if not fit.possible:
+        needed = shared_memory_needed(1, 1, one_batch_bytes, settings.processes_on_machine)
+        raise SharedMemoryError(
+            f"/dev/shm has {free / MB:.0f} MB free: not enough for one loader worker's batches "
+            f"({needed / MB:.0f} MB of {one_batch_bytes / MB:.1f} MB each); start the container with "
+            "--shm-size=8g (or --ipc=host), or use --workers 0 or a smaller --batch-size"
+        )
+    if not fit.fits and rank == 0:
+        print(
+            f"loader: /dev/shm has {free / MB:.0f} MB free, too little for {settings.workers} workers x "
+            f"{settings.prefetch_factor} prefetched batches of {one_batch_bytes / MB:.1f} MB: using {fit.workers} "
+            f"workers x {fit.prefetch_factor}; start the container with --shm-size=8g to keep them",
+            file=sys.stderr,
+        )
+    return fit.workers, fit.prefetch_factor
+
+
+def build_loader(dataset, settings, device, train, rank=0, world_size=1):
+    """The DataLoader for `dataset` (an ImageDataset) as training or validation reads it, with `settings` (a
+    LoaderSettings). loader.sampler is the EpochSampler: call loader.sampler.set_epoch(epoch, skip) before
+    each pass. Before starting workers it fits them to /dev/shm (fitted_workers): a worker would otherwise die
+    of a bus error mid-epoch.
+    """
+    workers, prefetch_factor = fitted_workers(settings, batch_bytes(settings.batch_size, dataset.image_size), rank)
+    pin_memory = device.type == "cuda" if settings.pin_memory is None else settings.pin_memory
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=settings.batch_size,
+        sampler=sampler.EpochSampler(len(dataset), train, settings.seed, rank, world_size),
+        num_workers=workers,
+        collate_fn=collate_uint8,
+        pin_memory=pin_memory,
+        drop_last=train,
+        worker_init_fn=init_worker,
+        prefetch_factor=prefetch_factor if workers > 0 else None,
+        persistent_workers=settings.persistent_workers and workers > 0,
+        # Its own generator: creating an iterator then leaves torch's global RNG (dropout, ...) alone,
+        # so a resumed run draws the same random numbers as an uninterrupted one.
+        generator=torch.Generator().manual_seed(settings.seed),
+    )
+
+
+class BatchToDevice:
+    """Move a uint8 (N, H, W, 3) batch to the device and normalise it there: float NCHW, channels_last."""
+
+    def __init__(self, device):
+        self.device = device
+        self.mean = torch.tensor(IMAGENET_MEAN, device=device).mul(255).view(1, 3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD, device=device).mul(255).view(1, 3, 1, 1)
+
+    def __call__(self, images, labels):
+        # NHWC seen as NCHW is exactly channels_last; .float() keeps that memory format.
+        images = images.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
+        return images.sub_(self.mean).div_(self.std), labels.to(self.device, non_blocking=True)
+
+
+@dataclasses.dataclass
+class PassTiming:
+    """What timed_pass saw: images and batches, seconds from asking for the first batch to the last, the wait
+    for the first batch (the pipeline filling up) and the waits for the later ones."""
+
+    images: int = 0
+    batches: int = 0
+    first_batch_images: int = 0
+    seconds: float = 0.0
+    fill_seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+    @property
+    def images_per_sec(self):
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+
+def timed_pass(batches, to_device, device, after_batch=None):
+    """Read one pass of `batches` (a loader's (images, labels, ...) batches) as training does: each moved to
+    the device by to_device, then after_batch(timing) (a consumer, or a stop test: True ends the pass); the
+    device is synchronised before the clock stops. Returns the PassTiming."""
+    timing = PassTiming()
+    start = tick = time.perf_counter()
+    for images, labels, *_ in batches:
+        to_device(images, labels)
+        waited = time.perf_counter() - tick
+        if timing.batches == 0:
+            timing.fill_seconds, timing.first_batch_images = waited, len(labels)
+        else:
+            timing.wait_seconds += waited
+        timing.batches += 1
+        timing.images += len(labels)
+        timing.seconds = time.perf_counter() - start
+        if after_batch is not None and after_batch(timing):
+            break
+        tick = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    timing.seconds = time.perf_counter() - start
+    return timing

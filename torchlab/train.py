@@ -1,0 +1,379 @@
+"""Train a torchvision image classifier on an ImageFolder, resumably: `python train.py --data /data`
+(or `torchlab train`, or `python -m torchlab.train`).
+
+main() reads top to bottom: the flags are parsed and resolved, the data index and the model are checked
+before anything is written; then the loaders, the run directory and the optimiser; then the epoch loop
+(train_one_epoch, evaluate), which reports progress, checkpoints (CheckpointManager), and stops cleanly on
+SIGTERM or SIGINT. README.md beside train.py tells how to run it over SSH, on several GPUs or machines
+(torchrun), and what lands in the run directory.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from torchlab import config, distributed, io, loader, metrics, model, optim
+from torchlab.checkpoint import CheckpointManager, CheckpointWriteError, Position
+from torchlab.data import decode, folder, splits
+from torchlab.tools import autotune
+
+BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the log and in the error when there are too many
+BAD_IMAGES_FILE = "bad_images.txt"  # in the run directory: every unreadable file of the run, with the reason
+TRAINING_FAILURE_STATUS = 1
+
+
+class TooManyBadImages(RuntimeError):
+    """More unreadable images in an epoch than --max-bad-images: one line on stderr, exit code 1."""
+
+
+class StopRequest:
+    """SIGTERM and SIGINT set a flag that the loop reads between steps: it then checkpoints and exits 0.
+
+    SIGHUP, sent when the SSH session ends, is ignored: the run outlives the login, with or without nohup.
+    Under torchrun SIGHUP stops the run like SIGTERM: the agent forwards it when it is being hung up
+    itself, and kills its workers soon after.
+    """
+
+    def __init__(self, under_torchrun):
+        self.signal_name = None
+        signal.signal(signal.SIGTERM, self.handle)
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGHUP, self.handle if under_torchrun else signal.SIG_IGN)
+
+    def handle(self, signum, frame):
+        self.signal_name = signal.Signals(signum).name
+
+
+def should_stop(stop, global_step, cfg, processes):
+    """A signal reached any process, or --max-steps is reached (a collective under torchrun)."""
+    signalled = distributed.any_process(stop.signal_name is not None, processes)
+    return signalled or (cfg.max_steps is not None and global_step >= cfg.max_steps)
+
+
+def stop_reason(stop, cfg):
+    return stop.signal_name or f"--max-steps {cfg.max_steps}"
+
+
+class BadImages:
+    """The unreadable images of a run, as this process met them: the first few are named in the log at the
+    end of each epoch that had any, and all of them, with the reason, in RUN_DIR/bad_images.txt."""
+
+    def __init__(self, index, run_dir, enabled):
+        self.index, self.enabled = index, enabled
+        self.path = os.path.join(run_dir, BAD_IMAGES_FILE)
+        self.reasons = {}  # path -> reason, over the whole run (a resumed run reads the file back)
+        self.this_epoch = []
+        if enabled and os.path.exists(self.path):
+            with open(self.path, encoding="utf-8", errors="replace") as lines:
+                self.reasons = dict(line.rstrip("\n").split("\t", 1) for line in lines if "\t" in line)
+
+    def add(self, positions):
+        for position in positions:
+            path = self.index.path(position)
+            self.this_epoch.append(path)
+            if self.enabled and path not in self.reasons:
+                self.reasons[path] = decode.unreadable_reason(self.index.source(position))
+
+    def start_epoch(self):
+        self.this_epoch = []
+
+    def report(self, epoch, log):
+        """Name the first few of this epoch in the log, and write every one of the run to the file."""
+        if self.enabled and self.this_epoch:
+            text = "".join(f"{path}\t{reason}\n" for path, reason in sorted(self.reasons.items()))
+            io.atomic_write(self.path, lambda file: file.write(text.encode("utf-8", "replace")))
+            named = "; ".join(f"{path} ({self.reasons[path]})" for path in self.this_epoch[:BAD_IMAGE_EXAMPLES])
+            log.print(f"epoch {epoch}: skipped {len(self.this_epoch)} unreadable images: {named}; all in {self.path}")
+
+    def check(self, count, epoch, cfg, log):
+        """More than --max-bad-images in this epoch (over all processes) stops the run, naming them."""
+        if count > cfg.max_bad_images:
+            self.report(epoch, log)
+            examples = ", ".join(self.this_epoch[:BAD_IMAGE_EXAMPLES]) or "(on other processes)"
+            raise TooManyBadImages(
+                f"{count} images of epoch {epoch} could not be decoded, more than --max-bad-images "
+                f"{cfg.max_bad_images}; e.g. {examples}"
+            )
+
+
+@dataclasses.dataclass
+class Training:
+    """What a training step needs: the model (as built, compiled and wrapped for DDP), the optimiser, the
+    schedule, the gradient scaler, the loss, mixed precision and the batches' way to the device."""
+
+    network: torch.nn.Module
+    forward_model: torch.nn.Module  # the network, compiled with --compile: what evaluation runs
+    train_model: torch.nn.Module  # forward_model, wrapped in DDP under torchrun
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    criterion: torch.nn.Module
+    autocast: functools.partial
+    to_device: loader.BatchToDevice
+
+    def components(self):
+        """What a checkpoint holds of the training, by name."""
+        return {"model": self.network, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler}
+
+
+def build_training(cfg, network, steps_per_epoch, device, processes):
+    network.to(device, memory_format=torch.channels_last)
+    optimizer = optim.build_optimizer(network.parameters(), cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+    scheduler = optim.warmup_cosine_schedule(
+        optimizer, round(cfg.warmup_epochs * steps_per_epoch), cfg.epochs * steps_per_epoch
+    )
+    forward_model = torch.compile(network) if cfg.compile else network
+    train_model = forward_model
+    if processes.is_distributed:
+        device_ids = [device.index] if device.type == "cuda" else None
+        train_model = DistributedDataParallel(forward_model, device_ids=device_ids)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+    return Training(
+        network=network, forward_model=forward_model, train_model=train_model, optimizer=optimizer,
+        scheduler=scheduler, scaler=torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
+        criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+        autocast=functools.partial(torch.autocast, device.type, dtype=amp_dtype, enabled=amp_dtype is not None),
+        to_device=loader.BatchToDevice(device),
+    )  # fmt: skip
+
+
+def train_step(training, host_images, host_labels, meters):
+    images, labels = training.to_device(host_images, host_labels)
+    with training.autocast():
+        logits = training.train_model(images)
+        loss = training.criterion(logits, labels)
+    training.optimizer.zero_grad(set_to_none=True)
+    training.scaler.scale(loss).backward()
+    training.scaler.step(training.optimizer)
+    training.scaler.update()
+    for meter in meters:
+        meter.add_predictions(loss, logits, labels)
+
+
+def train_one_epoch(training, train_loader, position, run):
+    """Train from `position` (advanced in place) to the end of its epoch; returns the epoch's record, or None
+    when a signal or --max-steps stopped it first. `run` holds the configuration, the processes, the log,
+    the stop flag, the bad images and the checkpoints."""
+    cfg, processes, log = run.cfg, run.processes, run.log
+    steps_per_epoch = len(train_loader)
+    train_loader.sampler.set_epoch(position.epoch, skip=position.step_in_epoch * cfg.batch_size)
+    training.train_model.train()
+    log.start_epoch(position.epoch, steps_per_epoch, position.step_in_epoch)
+    run.bad_images.start_epoch()
+    device = training.to_device.device
+    epoch_meter, interval_meter = metrics.Meter(device), metrics.Meter(device)
+    tick = time.perf_counter()
+    for host_images, host_labels, unreadable in train_loader:
+        for meter in (epoch_meter, interval_meter):
+            meter.add_batch(time.perf_counter() - tick, len(unreadable))
+        run.bad_images.add(unreadable.tolist())
+        # A batch of unreadable images only is skipped (under torchrun the other processes would then
+        # wait for its gradients: with shuffled data and --max-bad-images that stays theoretical).
+        if len(host_labels) > 0:
+            train_step(training, host_images, host_labels, (epoch_meter, interval_meter))
+        training.scheduler.step()
+        position.step_in_epoch += 1
+        position.global_step += 1
+        log.step()
+        if position.global_step % cfg.log_interval == 0:
+            record = {"kind": "interval", "epoch": position.epoch, "step": position.global_step,
+                      **interval_meter.summary(processes)}  # fmt: skip
+            log.interval({**record, "lr": training.scheduler.get_last_lr()[0], **metrics.gpu_stats(device)})
+            run.bad_images.check(epoch_meter.summary(processes)["bad_images"], position.epoch, cfg, log)
+            interval_meter = metrics.Meter(device)
+        if position.step_in_epoch < steps_per_epoch and should_stop(run.stop, position.global_step, cfg, processes):
+            return None
+        run.checkpoint_if_due(position)
+        tick = time.perf_counter()
+    return {"kind": "epoch", "epoch": position.epoch, "step": position.global_step, **epoch_meter.summary(processes)}
+
+
+@torch.no_grad()
+def evaluate(training, val_loader, processes):
+    training.forward_model.eval()
+    meter = metrics.Meter(training.to_device.device)
+    for host_images, host_labels, unreadable in val_loader:
+        meter.add_batch(0.0, len(unreadable))
+        if len(host_labels) > 0:
+            images, labels = training.to_device(host_images, host_labels)
+            with training.autocast():
+                logits = training.forward_model(images)
+                loss = training.criterion(logits, labels)
+            meter.add_predictions(loss, logits, labels)
+    summary = meter.summary(processes)
+    return {"val_loss": summary["loss"], "val_accuracy": summary["accuracy"], "val_bad_images": summary["bad_images"]}
+
+
+@dataclasses.dataclass
+class Run:
+    """What the epoch loop shares: the configuration, the processes, the log, the stop flag, the bad images
+    and the checkpoints (rank 0 writes them: every --checkpoint-minutes, at each epoch's end, when stopped)."""
+
+    cfg: config.TrainConfig
+    processes: distributed.Processes
+    log: metrics.RunLog
+    stop: StopRequest
+    bad_images: BadImages
+    checkpoints: CheckpointManager
+    last_save: float = dataclasses.field(default_factory=time.monotonic)
+
+    def save(self, position):
+        if not self.processes.is_main:
+            return None
+        self.last_save = time.monotonic()
+        return self.checkpoints.save(position)
+
+    def checkpoint_if_due(self, position):
+        minutes = self.cfg.checkpoint_minutes
+        if minutes and (time.monotonic() - self.last_save) / 60 >= minutes:
+            self.save(position)
+
+
+def fit(cfg, network, train_loader, val_loader, device, processes, log, stop):
+    """The epoch loop, from the checkpoint --resume picked (if any) to --epochs, a signal or --max-steps."""
+    training = build_training(cfg, network, len(train_loader), device, processes)
+    checkpoints = CheckpointManager(cfg.run_dir, cfg.keep_checkpoints, training.components(), dataclasses.asdict(cfg))
+    position = Position()
+    if cfg.resume_path is not None:
+        position = checkpoints.restore(cfg.resume_path)
+        log.print(f"resumed from {cfg.resume_path}: epoch {position.epoch}, step {position.global_step}")
+    bad_images = BadImages(train_loader.dataset.index, cfg.run_dir, enabled=processes.is_main)
+    run = Run(cfg, processes, log, stop, bad_images, checkpoints)
+    while position.epoch < cfg.epochs and not should_stop(stop, position.global_step, cfg, processes):
+        record = train_one_epoch(training, train_loader, position, run)
+        if record is None:
+            path = run.save(position)
+            if path is not None:
+                log.print(f"stopped by {stop_reason(stop, cfg)} at epoch {position.epoch}, "
+                          f"step {position.global_step}: saved {path}")  # fmt: skip
+            return
+        bad_images.report(position.epoch, log)
+        bad_images.check(record["bad_images"], position.epoch, cfg, log)
+        if val_loader is not None:
+            record.update(evaluate(training, val_loader, processes))
+        log.end_epoch({**record, "lr": training.scheduler.get_last_lr()[0]})
+        position = Position(position.epoch + 1, 0, position.global_step)
+        run.save(position)
+    if position.epoch < cfg.epochs:
+        log.print(f"stopped by {stop_reason(stop, cfg)} after epoch {position.epoch - 1}, step {position.global_step}")
+    else:
+        log.print(f"finished --epochs {cfg.epochs} at step {position.global_step}")
+
+
+def measure_loader(train_loader, cfg, device, processes, log, stop):
+    """--loader-only: one epoch of batches, decoded, copied and normalised as in training, with no model."""
+    timing = loader.timed_pass(
+        train_loader, loader.BatchToDevice(device), device, lambda t: should_stop(stop, t.batches, cfg, processes)
+    )
+    images = int(distributed.sum_over_processes(torch.tensor([timing.images], device=device), processes).item())
+    rate = images / timing.seconds
+    record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images, "workers": cfg.workers}
+    log.write({**record, "images_per_sec": rate})
+    log.print(f"loader-only: {rate:.1f} images/s over {images} images ({cfg.workers} workers)")
+
+
+def open_run_dir(cfg, processes, class_names):
+    """Rank 0 makes the run directory and writes config.json; returns the RunLog (silent on other ranks)."""
+    if not processes.is_main:
+        return metrics.RunLog(None, interactive=False)
+    os.makedirs(cfg.run_dir, exist_ok=True)
+    io.remove_stale_temp_files(cfg.run_dir)
+    resolved = {**dataclasses.asdict(cfg), "world_size": processes.world_size, "classes": class_names}
+    with open(os.path.join(cfg.run_dir, "config.json"), "w") as config_file:
+        json.dump(resolved, config_file, indent=2)
+    return metrics.RunLog(os.path.join(cfg.run_dir, "metrics.jsonl"), interactive=sys.stdout.isatty())
+
+
+def checked_inputs(cfg, processes):
+    """The data index and the model, checked before anything is written: (class_names, train index, val index,
+    network or None with --loader-only / --autotune). Raises ConfigError, folder.DataError or model errors."""
+    class_names, train_index, val_index = splits.load_splits(cfg.data, cfg.val_fraction, cfg.seed)
+    if cfg.loader_only or cfg.autotune:
+        return class_names, train_index, val_index, None
+    network = model.build_model(cfg.arch, len(class_names))
+    try:
+        model.check_trainable(network, cfg.batch_size, cfg.image_size)
+    except model.ModelInputError as error:
+        raise config.ConfigError(
+            f"--arch {cfg.arch} cannot train on --image-size {cfg.image_size} with --batch-size "
+            f"{cfg.batch_size}: {error}"
+        ) from None
+    if cfg.weights is not None:
+        kept = model.load_weights(network, cfg.weights)
+        if processes.is_main:
+            print(f"weights from {cfg.weights}; left as initialised: {', '.join(kept) or 'none'}")
+    return class_names, train_index, val_index, network
+
+
+def make_dataset(cfg, index, train):
+    return decode.ImageDataset(index, cfg.image_size, train=train, seed=cfg.seed, draft=cfg.jpeg_draft)
+
+
+def make_loaders(cfg, train_index, val_index, device, processes):
+    """The training and validation (None without validation images) loaders. Raises loader.SharedMemoryError
+    and ConfigError."""
+    settings = cfg.loader_settings(processes.local_world_size)
+
+    def make_loader(index, train):
+        return loader.build_loader(
+            make_dataset(cfg, index, train), settings, device, train, processes.rank, processes.world_size
+        )
+
+    train_loader = make_loader(train_index, train=True)
+    if len(train_loader) == 0:
+        raise config.ConfigError(
+            f"{len(train_index)} training images make no full batch of --batch-size {cfg.batch_size} "
+            f"in each of {processes.world_size} processes"
+        )
+    return train_loader, make_loader(val_index, train=False) if len(val_index) > 0 else None
+
+
+def main(argv=None, prog=config.PROG):
+    processes = distributed.processes_from_environment()
+    stop = StopRequest(under_torchrun="TORCHELASTIC_RUN_ID" in os.environ)
+    # Everything that can be wrong with the input is found here, before the run directory exists.
+    try:
+        cfg = config.resolve(config.parse_args(argv, prog), processes)
+        device = torch.device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        class_names, train_index, val_index, network = checked_inputs(cfg, processes)
+        if cfg.autotune:
+            if processes.world_size > 1:
+                raise config.ConfigError("--autotune: run it in one process, without torchrun")
+            key = autotune.setting_key(cfg.data, cfg.image_size, cfg.batch_size, cfg.device, processes.local_world_size)
+            autotune.tune(make_dataset(cfg, train_index, train=True), cfg, device, key)
+            return
+        train_loader, val_loader = make_loaders(cfg, train_index, val_index, device, processes)
+    except (config.ConfigError, folder.DataError, model.WeightsError, loader.SharedMemoryError) as error:
+        io.exit_with_error(prog, error)
+
+    processes = distributed.start(processes, device)
+    log = open_run_dir(cfg, processes, class_names)
+    log.print(
+        f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
+        f"{cfg.arch} on {device} x {processes.world_size}; {cfg.workers} loader workers"
+        f"{' (autotuned)' if cfg.autotuned else ''}; run dir {cfg.run_dir}"
+    )
+    try:
+        if cfg.loader_only:
+            measure_loader(train_loader, cfg, device, processes, log, stop)
+        else:
+            fit(cfg, network, train_loader, val_loader, device, processes, log, stop)
+    except (TooManyBadImages, CheckpointWriteError) as error:
+        io.exit_with_error(prog, error, status=TRAINING_FAILURE_STATUS)
+    finally:
+        log.close()
+    # Only after a run every process finished: one that failed leaves the group to torchrun to tear down,
+    # since the others may still be inside a collective.
+    distributed.finish(processes)
+
+
+if __name__ == "__main__":
+    main()
