@@ -9,9 +9,10 @@ import time
 import urllib.request
 
 import pytest
-
-from conftest import IMAGE, SSH_OPTIONS, TOKEN, docker, http_status, require_tool, ssh, wait_for
-from test_jupyter import api, base_url, execute
+from helpers.docker import IMAGE, docker, wait_for
+from helpers.host import require_tool
+from helpers.jupyter import TOKEN, api, base_url, execute, http_status
+from helpers.ssh import SSH_OPTIONS, ssh
 
 SESSIONS = 20
 KERNELS = 10

@@ -9,7 +9,6 @@ the hub's process and the spawned container reach; the proxy and the hub's publi
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -18,8 +17,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from conftest import IMAGE, docker, execute_in_kernel, http_status, wait_for
+from helpers.docker import IMAGE, docker, wait_for
+from helpers.jupyter import execute_in_kernel, http_status
+from helpers.ports import reserved_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHP_VERSION = "4.6.2"
@@ -27,12 +27,6 @@ CHP_DIR = ROOT / ".cache/configurable-http-proxy"
 CHP = CHP_DIR / "node_modules/.bin/configurable-http-proxy"
 USER = "ada"
 OWN_TOKEN = "a-token-of-its-own"  # in the spawner's environment: must not become a way in
-
-
-def free_port(ip):
-    with socket.socket() as sock:
-        sock.bind((ip, 0))
-        return sock.getsockname()[1]
 
 
 def proxy_command():
@@ -50,7 +44,7 @@ def proxy_command():
 
 
 def hub_config(workdir, gateway, network, admin_token, password, prefix, user):
-    ports = {"public": free_port("127.0.0.1"), "api": free_port("127.0.0.1"), "hub": free_port(gateway)}
+    ports = {"public": reserved_port(), "api": reserved_port(), "hub": reserved_port(gateway)}
     settings = {
         "JupyterHub.ip": "127.0.0.1",
         "JupyterHub.port": ports["public"],

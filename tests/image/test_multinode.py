@@ -12,8 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from conftest import IMAGE, Container, docker, wait_for
+from helpers.docker import IMAGE, Container, docker, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = os.environ.get("COMPOSE", "docker-compose")

@@ -12,9 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from browser import ARTIFACTS
-from conftest import IMAGE, TOKEN, docker, http_status, wait_for
+from helpers.browser import ARTIFACTS
+from helpers.docker import IMAGE, docker, wait_for
+from helpers.jupyter import TOKEN, http_status
 
 ROOT = Path(__file__).resolve().parents[2]
 CELL_TIMEOUT_S = 240

@@ -7,9 +7,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-from browser import ARTIFACTS
-from conftest import TOKEN, http_status, wait_for
+from helpers.browser import ARTIFACTS
+from helpers.docker import wait_for
+from helpers.jupyter import TOKEN, http_status
 
 SAMPLE_DATA = "python /opt/torchlab/train/sample_data.py /workspace/sample-data"
 SHORT_RUN = (

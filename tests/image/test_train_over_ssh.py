@@ -5,8 +5,9 @@ import json
 import uuid
 
 import pytest
-
-from conftest import TOKEN, docker, http_status, ssh, wait_for
+from helpers.docker import docker, wait_for
+from helpers.jupyter import TOKEN, http_status
+from helpers.ssh import ssh
 
 # Small and quick on 2 CPU cores; the flags are the user's, only the sizes are shrunk.
 SAMPLE_DATA = "python /opt/torchlab/train/sample_data.py /workspace/sample-data"
