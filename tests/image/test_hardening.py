@@ -14,6 +14,8 @@ from helpers.host import require_tool
 from helpers.jupyter import TOKEN, api, base_url, execute, http_status
 from helpers.ssh import SSH_OPTIONS, ssh
 
+pytestmark = pytest.mark.slow
+
 SESSIONS = 20
 KERNELS = 10
 ATTEMPTS = 50

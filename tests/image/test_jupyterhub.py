@@ -21,6 +21,8 @@ from helpers.docker import IMAGE, docker, wait_for
 from helpers.jupyter import execute_in_kernel, http_status
 from helpers.ports import reserved_port
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CHP_VERSION = "4.6.2"
 CHP_DIR = ROOT / ".cache/configurable-http-proxy"

@@ -16,6 +16,8 @@ from helpers.browser import ARTIFACTS
 from helpers.docker import IMAGE, docker, wait_for
 from helpers.jupyter import TOKEN, http_status
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CELL_TIMEOUT_S = 240
 NOTEBOOK_TIMEOUT_S = 360

@@ -11,6 +11,8 @@ from helpers.browser import ARTIFACTS
 from helpers.docker import wait_for
 from helpers.jupyter import TOKEN, http_status
 
+pytestmark = pytest.mark.slow
+
 SAMPLE_DATA = "python /opt/torchlab/train/sample_data.py /workspace/sample-data"
 SHORT_RUN = (
     "python /opt/torchlab/train/train.py --data /workspace/sample-data --arch resnet18 --image-size 48 "

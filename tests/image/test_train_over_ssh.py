@@ -9,6 +9,8 @@ from helpers.docker import docker, wait_for
 from helpers.jupyter import TOKEN, http_status
 from helpers.ssh import ssh
 
+pytestmark = pytest.mark.slow
+
 # Small and quick on 2 CPU cores; the flags are the user's, only the sizes are shrunk.
 SAMPLE_DATA = "python /opt/torchlab/train/sample_data.py /workspace/sample-data"
 TRAIN_FLAGS = (
