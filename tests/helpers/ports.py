@@ -10,7 +10,8 @@ it. reserved_port() leaves the port in TIME_WAIT instead (a connection to it, cl
 listening side first): for the next 60 s the kernel hands it to no one who asks for any port
 (bind to port 0, an outgoing connection), while a server that binds exactly that port with
 SO_REUSEADDR, as OpenSSH, Go, Node and Tornado servers all do, gets it at once. The window that
-is left: another program that binds this exact port by number in those 60 s.
+is left: another program that binds this exact port by number in those 60 s. For the same reason
+it is also the port to use where a test needs one that nothing listens on (tests/static).
 """
 
 import socket
