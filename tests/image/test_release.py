@@ -61,6 +61,7 @@ def registry(tmp_path):
         shutil.rmtree(tmp_path / "storage", ignore_errors=True)  # gigabytes; pytest keeps its last tmp dirs
 
 
+@pytest.mark.slow  # pushes the whole image: 523 s here
 def test_make_push_publishes_the_image_under_what_is_inside_and_latest(registry):
     tags = []
     try:
