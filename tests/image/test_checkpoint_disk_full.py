@@ -1,7 +1,10 @@
 """A full disk while train.py writes a checkpoint (a small tmpfs as the run directory): one clear
 error line, exit code 1, and the previous checkpoint intact and loadable."""
 
-from conftest import IMAGE, docker
+import pytest
+from helpers.docker import IMAGE, docker
+
+pytestmark = pytest.mark.slow
 
 # mobilenet_v3_small with AdamW: a checkpoint of about 18 MB, so 30 MB hold one but not a second.
 RUN = (

@@ -8,10 +8,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from conftest import IMAGE, Container, docker, ssh
-from test_jupyter import api
-from test_ssh import free_port
+from helpers.docker import IMAGE, Container, docker
+from helpers.jupyter import api
+from helpers.ssh import ssh
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = os.environ.get("COMPOSE", "docker-compose")
@@ -28,8 +27,8 @@ def compose(tmp_path, ssh_key):
     env = {
         **os.environ,
         "TORCHLAB_IMAGE": IMAGE,
-        "JUPYTER_HOST_PORT": str(free_port()),
-        "SSH_HOST_PORT": str(free_port()),
+        "JUPYTER_HOST_PORT": "0",  # Docker picks both host ports; Container.host_port reads them back
+        "SSH_HOST_PORT": "0",
         "DATA": str(tmp_path / "data"),
         "JUPYTER_TOKEN_PATH": str(tmp_path / "token"),
         "SSH_PUBLIC_KEY_PATH": str(tmp_path / "key.pub"),

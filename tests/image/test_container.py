@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import testinfra
-
-from conftest import DOCKER, IMAGE, docker, image_env
+from helpers.docker import DOCKER, IMAGE, docker, image_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,8 +75,11 @@ def test_no_host_keys_baked_into_the_image():
     assert "ssh_host_" not in listing
 
 
-def test_image_says_how_its_env_was_built():
-    assert image_env()["TORCHLAB_ENV_SOURCE"] in {"conda", "pypi"}
+def test_image_says_how_its_env_was_built(host):
+    # /opt/env is a conda env (conda-meta/) on the conda path, a venv (pyvenv.cfg) on the PyPI path.
+    conda_env, venv = host.file("/opt/env/conda-meta").is_directory, host.file("/opt/env/pyvenv.cfg").exists
+    assert conda_env != venv
+    assert image_env()["TORCHLAB_ENV_SOURCE"] == ("conda" if conda_env else "pypi")
 
 
 def test_production_python_is_3_10(host, production_image):

@@ -7,8 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from conftest import DOCKER, IMAGE, docker, wait_for
+from helpers.docker import DOCKER, IMAGE, docker, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = os.environ.get("DEVCONTAINER_CLI", str(ROOT / ".cache/devcontainer-cli/node_modules/.bin/devcontainer"))

@@ -5,8 +5,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from conftest import IMAGE, docker, require_tool, ssh, wait_for
+from helpers.docker import IMAGE, docker, wait_for
+from helpers.host import require_tool
+from helpers.ssh import ssh
 
 ROOT = Path(__file__).resolve().parents[2]
 VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67DlQVng1aLmhVdh valid@example"

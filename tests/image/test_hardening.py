@@ -6,12 +6,16 @@ import hashlib
 import statistics
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
+from helpers.docker import IMAGE, docker, wait_for
+from helpers.host import require_tool
+from helpers.jupyter import TOKEN, api, base_url, execute, http_status
+from helpers.ssh import SSH_OPTIONS, ssh
 
-from conftest import IMAGE, SSH_OPTIONS, TOKEN, docker, http_status, require_tool, ssh, wait_for
-from test_jupyter import api, base_url, execute
+pytestmark = pytest.mark.slow
 
 SESSIONS = 20
 KERNELS = 10
@@ -97,21 +101,10 @@ def test_brute_force_is_refused_and_the_key_still_works(services, ssh_key, tmp_p
     assert ssh(services, ssh_key[0], "id -un").stdout.strip() == "jovyan"
 
 
-@pytest.mark.parametrize(
-    "path",
-    ["/api/contents", "/api/kernels", "/api/kernelspecs", "/api/sessions", "/api/terminals", "/api/me",
-     "/api/config/notebook", "/api/nbconvert", "/api/status", "/files/notebooks", "/tree", "/notebooks/x.ipynb",
-     "/edit/x.txt", "/terminals/1", "/metrics", "/lab", "/view/x.txt", "/nbconvert/html/x.ipynb"],
-)  # fmt: skip
-def test_every_endpoint_needs_the_token(services, path):
-    request = urllib.request.Request(base_url(services) + path)
-    opener = urllib.request.build_opener(NoRedirect)
-    try:
-        with opener.open(request, timeout=10) as response:
-            status, location = response.status, response.headers.get("Location", "")
-    except urllib.error.HTTPError as error:
-        status, location = error.code, error.headers.get("Location", "")
-    assert status in {403, 404} or (status == 302 and "/login" in location), (status, location)
+API_PATHS = ["/api/contents", "/api/kernels", "/api/kernelspecs", "/api/sessions", "/api/terminals", "/api/me",
+             "/api/config/notebook", "/api/nbconvert", "/api/status", "/metrics"]  # fmt: skip
+PAGE_PATHS = ["/files/notebooks", "/tree", "/notebooks/x.ipynb", "/edit/x.txt", "/terminals/1", "/lab", "/view/x.txt",
+              "/nbconvert/html/x.ipynb"]  # fmt: skip
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -119,10 +112,30 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-@pytest.mark.parametrize("path", ["/login", "/api", "/static/notebook/main.js"])
+def status_and_location(url):
+    """The first answer to url, redirects not followed: (status, Location header)."""
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(url, timeout=10) as response:
+            return response.status, response.headers.get("Location", "")
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Location", "")
+
+
+@pytest.mark.parametrize("path", API_PATHS)
+def test_every_api_endpoint_refuses_a_request_without_the_token(services, path):
+    assert status_and_location(base_url(services) + path) == (403, "")
+
+
+@pytest.mark.parametrize("path", PAGE_PATHS)
+def test_every_page_sends_a_request_without_the_token_to_the_login(services, path):
+    login = "/login?" + urllib.parse.urlencode({"next": path})
+    assert status_and_location(base_url(services) + path) == (302, login)
+
+
+@pytest.mark.parametrize("path", ["/login", "/api", "/static/favicon.ico"])
 def test_only_login_version_and_static_files_answer_without_the_token(services, path):
-    status = http_status(base_url(services) + path)
-    assert status in {200, 404}  # a static file may be named differently, but never refused
+    assert http_status(base_url(services) + path) == 200
 
 
 def test_effective_jupyter_config_keeps_xsrf_and_origins(services):

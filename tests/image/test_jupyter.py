@@ -6,16 +6,8 @@ import urllib.request
 import uuid
 
 import pytest
-
-from conftest import TOKEN, docker, execute_in_kernel, http_status, jupyter_api
-
-
-def base_url(container):
-    return f"http://127.0.0.1:{container.host_port(8888)}"
-
-
-def api(container, path, token=TOKEN, method="GET", body=None):
-    return jupyter_api(base_url(container), path, token, method, body)
+from helpers.docker import docker
+from helpers.jupyter import TOKEN, api, base_url, execute, http_status
 
 
 @pytest.mark.parametrize("path", ["/api/status", "/api/contents", "/api/kernels", "/api/terminals", "/api/sessions"])
@@ -33,10 +25,6 @@ def test_notebook_page_redirects_to_login_without_the_token(services):
 def test_api_answers_with_the_token(services):
     assert api(services, "/api/status")["started"]
     assert http_status(base_url(services) + f"/tree?token={TOKEN}") == 200
-
-
-def execute(container, code, token=TOKEN, timeout=60):
-    return execute_in_kernel(base_url(container), code, token, timeout)
 
 
 def test_kernel_executes_code_in_the_env(services):

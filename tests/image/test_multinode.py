@@ -12,8 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from conftest import IMAGE, Container, docker, wait_for
+from helpers.docker import IMAGE, Container, docker, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = os.environ.get("COMPOSE", "docker-compose")
@@ -30,7 +29,10 @@ JOB_TIMEOUT_S = 300
 # A dead node closes its connections: the others fail at their next collective, and torchrun ends the job.
 FAILURE_TIMEOUT_S = 120
 
-pytestmark = pytest.mark.skipif(shutil.which(COMPOSE) is None, reason=f"{COMPOSE} is not installed on this host")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which(COMPOSE) is None, reason=f"{COMPOSE} is not installed on this host"),
+]
 
 
 @pytest.fixture(scope="module")

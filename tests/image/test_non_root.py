@@ -5,8 +5,9 @@ import os
 import uuid
 
 import pytest
-
-from conftest import IMAGE, TOKEN, docker, http_status, ssh
+from helpers.docker import IMAGE, docker
+from helpers.jupyter import TOKEN, http_status
+from helpers.ssh import ssh
 
 TORCH_IMPORTS = "python -c 'import torch; print(torch.__version__)'"
 

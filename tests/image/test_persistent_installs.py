@@ -6,8 +6,9 @@ import hashlib
 import uuid
 import zipfile
 
-from conftest import TOKEN, docker, ssh
-from test_jupyter import execute
+from helpers.docker import docker
+from helpers.jupyter import TOKEN, execute
+from helpers.ssh import ssh
 
 
 def build_wheel(folder, name, value):

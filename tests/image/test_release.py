@@ -4,14 +4,15 @@
 import json
 import re
 import shutil
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
-
-from conftest import DOCKER, IMAGE, docker, http_status, require_tool, wait_for
+from helpers.docker import DOCKER, IMAGE, docker, wait_for
+from helpers.host import require_tool
+from helpers.jupyter import http_status
+from helpers.ports import reserved_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = (ROOT / "VERSION").read_text().strip()
@@ -36,17 +37,12 @@ def make(*args, timeout=120, check=True):
     )  # fmt: skip
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def registry(tmp_path):
-    """A registry on a free 127.0.0.1 port, storing in tmp_path; the engine trusts 127.0.0.0/8 over HTTP."""
+    """A registry on a reserved 127.0.0.1 port (helpers.ports), storing in tmp_path; the engine trusts
+    127.0.0.0/8 over HTTP."""
     require_tool("docker-registry")
-    port = free_port()
+    port = reserved_port()
     config = tmp_path / "config.yml"
     config.write_text(
         "version: 0.1\n"
@@ -65,6 +61,7 @@ def registry(tmp_path):
         shutil.rmtree(tmp_path / "storage", ignore_errors=True)  # gigabytes; pytest keeps its last tmp dirs
 
 
+@pytest.mark.slow  # pushes the whole image: 523 s here
 def test_make_push_publishes_the_image_under_what_is_inside_and_latest(registry):
     tags = []
     try:

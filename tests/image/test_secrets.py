@@ -7,8 +7,7 @@ import subprocess
 import tarfile
 
 import pytest
-
-from conftest import DOCKER, IMAGE, docker
+from helpers.docker import DOCKER, IMAGE, docker
 
 CERT = re.compile(r"-----BEGIN CERTIFICATE-----\n(.*?)-----END CERTIFICATE-----", re.S)
 SECRET_VARIABLES = {"JUPYTER_TOKEN", "JUPYTER_PASSWORD", "SSH_PUBLIC_KEY", "PUBLIC_KEY", "CA_BUNDLE"}

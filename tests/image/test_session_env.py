@@ -4,8 +4,8 @@
 import json
 
 import pytest
-
-from conftest import TOKEN, ssh
+from helpers.jupyter import TOKEN
+from helpers.ssh import ssh
 
 PASSED = {
     "HTTPS_PROXY": "http://proxy.example:3128",

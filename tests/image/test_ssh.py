@@ -1,11 +1,13 @@
 """SSH from the host with the OpenSSH client: keys only, the env on PATH, what people do over SSH."""
 
-import socket
 import subprocess
 
 import pytest
-
-from conftest import SSH_OPTIONS, TOKEN, http_status, require_tool, ssh, wait_for
+from helpers.docker import wait_for
+from helpers.host import require_tool
+from helpers.jupyter import TOKEN, http_status
+from helpers.ports import reserved_port
+from helpers.ssh import SSH_OPTIONS, new_key_pair, ssh
 
 PYTHON_CHECK = "import torch, sys; print(sys.version.split()[0], sys.executable, torch.__version__)"
 
@@ -69,8 +71,7 @@ def test_root_login_is_refused_even_with_an_authorized_key(services, ssh_key):
 
 
 def test_a_key_that_was_not_given_is_refused(services, tmp_path):
-    other = tmp_path / "other"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    other, _ = new_key_pair(tmp_path / "other")
     result = ssh(services, other, "true", check=False)
     assert result.returncode == 255 and "Permission denied" in result.stderr
 
@@ -109,14 +110,8 @@ def test_scp_sftp_and_rsync_move_files(services, ssh_key, tmp_path):
     assert owners == ["1000", "1000"]
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_local_forward_reaches_jupyter_through_the_tunnel(services, ssh_key):
-    port = free_port()
+    port = reserved_port()
     tunnel = subprocess.Popen(
         ["ssh", *SSH_OPTIONS, "-i", str(ssh_key[0]), "-p", str(services.host_port(2222)), "-N",
          "-o", "ExitOnForwardFailure=yes", "-L", f"{port}:localhost:8888", "jovyan@127.0.0.1"],

@@ -7,9 +7,11 @@ import urllib.error
 import urllib.request
 
 import pytest
+from helpers.browser import ARTIFACTS
+from helpers.docker import wait_for
+from helpers.jupyter import TOKEN, http_status
 
-from browser import ARTIFACTS
-from conftest import TOKEN, http_status, wait_for
+pytestmark = pytest.mark.slow
 
 SAMPLE_DATA = "torchlab sample-data /workspace/sample-data"
 SHORT_RUN = (

@@ -5,8 +5,11 @@ import json
 import uuid
 
 import pytest
+from helpers.docker import docker, wait_for
+from helpers.jupyter import TOKEN, http_status
+from helpers.ssh import ssh
 
-from conftest import TOKEN, docker, http_status, ssh, wait_for
+pytestmark = pytest.mark.slow
 
 # Small and quick on 2 CPU cores; the flags are the user's, only the sizes are shrunk.
 SAMPLE_DATA = "torchlab sample-data /workspace/sample-data"

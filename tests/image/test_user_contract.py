@@ -4,8 +4,9 @@ CHOWN_EXTRA and CHOWN_EXTRA_OPTS, JUPYTER_ENV_VARS_TO_UNSET."""
 import os
 
 import pytest
-
-from conftest import IMAGE, TOKEN, docker, ssh, wait_for
+from helpers.docker import IMAGE, docker, wait_for
+from helpers.jupyter import TOKEN
+from helpers.ssh import ssh
 
 UNSET = {
     "JUPYTER_ENV_VARS_TO_UNSET": "SECRET_ANIMAL,UNUSED_ENV,SECRET_FRUIT",

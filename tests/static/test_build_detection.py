@@ -4,12 +4,12 @@ fake PATH and probes pointed at closed or answering ports on 127.0.0.1; and `mak
 import http.server
 import os
 import shutil
-import socket
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
+from helpers.ports import reserved_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = (ROOT / "VERSION").read_text().strip()
@@ -36,9 +36,8 @@ esac
 
 
 def closed_url():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{probe.getsockname()[1]}/"
+    """A URL on a port nothing listens on, nor will while the test runs (helpers.ports)."""
+    return f"http://127.0.0.1:{reserved_port()}/"
 
 
 @pytest.fixture(scope="module")

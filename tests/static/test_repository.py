@@ -32,7 +32,7 @@ def test_pins_name_the_promised_stack():
     for name in [
         "ipykernel",
         "pytest",
-        "pytest-testinfra",
+        "hypothesis",
         "numpy",
         "pillow",
         "matplotlib",

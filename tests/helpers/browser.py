@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import websocket
 
-from conftest import wait_for
+from helpers.docker import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TORCHLAB_ARTIFACTS", ROOT / ".cache" / "test-artifacts"))
