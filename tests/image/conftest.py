@@ -8,6 +8,7 @@ The image under test is $TORCHLAB_IMAGE (default torchlab); the Docker CLI is $D
 from pathlib import Path
 
 import pytest
+
 from helpers import browser
 from helpers.docker import ContainerFactory, image_env
 from helpers.jupyter import TOKEN

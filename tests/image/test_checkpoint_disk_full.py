@@ -2,6 +2,7 @@
 error line, exit code 1, and the previous checkpoint intact and loadable."""
 
 import pytest
+
 from helpers.docker import IMAGE, docker
 
 pytestmark = pytest.mark.slow

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from helpers.docker import IMAGE, Container, docker
 from helpers.jupyter import api
 from helpers.ssh import ssh

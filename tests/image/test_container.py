@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import testinfra
+
 from helpers.docker import DOCKER, IMAGE, docker, image_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from helpers.docker import DOCKER, IMAGE, docker, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

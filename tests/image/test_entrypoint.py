@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from helpers.docker import IMAGE, docker, wait_for
 from helpers.host import require_tool
 from helpers.ssh import ssh

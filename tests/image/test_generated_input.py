@@ -4,9 +4,10 @@ naming the variable, never a traceback, never a half-started container."""
 
 import string
 
-from helpers.docker import IMAGE, docker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from helpers.docker import IMAGE, docker
 
 numbers = st.integers(min_value=-5, max_value=5_000_000_000).map(str)
 words = st.text(alphabet=string.printable, max_size=12)

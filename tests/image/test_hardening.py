@@ -10,6 +10,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
+
 from helpers.docker import IMAGE, docker, wait_for
 from helpers.host import require_tool
 from helpers.jupyter import TOKEN, api, base_url, execute, http_status

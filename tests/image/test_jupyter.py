@@ -6,6 +6,7 @@ import urllib.request
 import uuid
 
 import pytest
+
 from helpers.docker import docker
 from helpers.jupyter import TOKEN, api, base_url, execute, http_status
 

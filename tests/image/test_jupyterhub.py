@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from helpers.docker import IMAGE, docker, wait_for
 from helpers.jupyter import execute_in_kernel, http_status
 from helpers.ports import reserved_port

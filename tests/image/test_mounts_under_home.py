@@ -10,6 +10,7 @@ import os
 import uuid
 
 import pytest
+
 from helpers.docker import IMAGE, docker
 
 OWNER = (4242, 4343)  # a host user that is none of the image's

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from helpers.docker import IMAGE, Container, docker, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ import os
 import uuid
 
 import pytest
+
 from helpers.docker import IMAGE, docker
 from helpers.jupyter import TOKEN, http_status
 from helpers.ssh import ssh

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from helpers.browser import ARTIFACTS
 from helpers.docker import IMAGE, docker, wait_for
 from helpers.jupyter import TOKEN, http_status

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from helpers.docker import DOCKER, IMAGE, docker, wait_for
 from helpers.host import require_tool
 from helpers.jupyter import http_status

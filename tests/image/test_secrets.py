@@ -7,6 +7,7 @@ import subprocess
 import tarfile
 
 import pytest
+
 from helpers.docker import DOCKER, IMAGE, docker
 
 CERT = re.compile(r"-----BEGIN CERTIFICATE-----\n(.*?)-----END CERTIFICATE-----", re.S)

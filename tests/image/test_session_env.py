@@ -4,6 +4,7 @@
 import json
 
 import pytest
+
 from helpers.jupyter import TOKEN
 from helpers.ssh import ssh
 

@@ -3,6 +3,7 @@
 import subprocess
 
 import pytest
+
 from helpers.docker import wait_for
 from helpers.host import require_tool
 from helpers.jupyter import TOKEN, http_status

@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+
 from helpers.browser import ARTIFACTS
 from helpers.docker import wait_for
 from helpers.jupyter import TOKEN, http_status

@@ -5,6 +5,7 @@ import json
 import uuid
 
 import pytest
+
 from helpers.docker import docker, wait_for
 from helpers.jupyter import TOKEN, http_status
 from helpers.ssh import ssh

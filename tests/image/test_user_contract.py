@@ -4,6 +4,7 @@ CHOWN_EXTRA and CHOWN_EXTRA_OPTS, JUPYTER_ENV_VARS_TO_UNSET."""
 import os
 
 import pytest
+
 from helpers.docker import IMAGE, docker, wait_for
 from helpers.jupyter import TOKEN
 from helpers.ssh import ssh

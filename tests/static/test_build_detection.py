@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from helpers.ports import reserved_port
 
 ROOT = Path(__file__).resolve().parents[2]
