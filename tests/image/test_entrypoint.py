@@ -225,6 +225,18 @@ def test_train_py_runs_in_the_login_directory(services, ssh_key):
     assert "--data" in out
 
 
+def test_a_login_link_left_by_an_older_image_is_re_pointed_to_the_shim():
+    volume = "torchlab-test-home-" + os.urandom(4).hex()
+    home = f"{volume}:/home/jovyan"
+    try:
+        # Before 0.3 the link pointed into /opt/torchlab/train/, which the package replaced.
+        docker("run", "--rm", "-v", home, IMAGE, "ln", "-sfn", "/opt/torchlab/train/train.py", "/home/jovyan/train.py")
+        out = docker("run", "--rm", "-v", home, IMAGE, "bash", "-c", "readlink ~/train.py && python ~/train.py --help")
+        assert out.stdout.startswith("/opt/torchlab/train.py\nusage: train.py ")
+    finally:
+        docker("volume", "rm", "-f", volume, check=False)
+
+
 def test_the_torchlab_command_has_each_subcommand_with_help(services):
     for command in ("train", "doctor", "bench", "prepare", "sample-data", "autotune"):
         out = services.exec("torchlab", command, "--help", user="jovyan").stdout

@@ -198,6 +198,7 @@ def test_no_gpu_is_a_warning_with_the_docker_flag():
     assert "--gpus all" in check.fix
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 def test_each_gpu_multiplies_correctly():
     checks = doctor.check_gpus()
