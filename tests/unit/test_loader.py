@@ -82,18 +82,32 @@ def test_collate_stacks_uint8_and_drops_unreadable_samples():
     assert (len(empty_images), len(empty_labels), all_unreadable.tolist()) == (0, 0, [1])
 
 
-def test_batches_are_normalised_on_the_device_in_channels_last():
+def test_batches_are_normalised_on_the_device():
     images = torch.tensor([[[[0, 128, 255]]]], dtype=torch.uint8).expand(2, 5, 6, 3).contiguous()
     normalised, labels = loader.BatchToDevice(torch.device("cpu"))(images, torch.tensor([1, 2]))
 
     assert normalised.shape == (2, 3, 5, 6) and normalised.dtype == torch.float32
-    assert normalised.is_contiguous(memory_format=torch.channels_last)
     expected = [
         (value / 255 - mean) / std
         for value, mean, std in zip((0, 128, 255), loader.IMAGENET_MEAN, loader.IMAGENET_STD, strict=True)
     ]
     assert normalised[0, :, 0, 0].tolist() == pytest.approx(expected, abs=1e-5)
     assert labels.tolist() == [1, 2]
+
+
+def test_the_cpu_step_gives_what_converting_the_interleaved_batch_gives():
+    """The per-channel planes (the CPU's fast path) against the plain float conversion, on random batches of
+    two shapes in turn (its reused output buffer follows the shape)."""
+    to_device = loader.BatchToDevice(torch.device("cpu"))
+    mean = torch.tensor(loader.IMAGENET_MEAN).mul(255).view(1, 3, 1, 1)
+    std = torch.tensor(loader.IMAGENET_STD).mul(255).view(1, 3, 1, 1)
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((4, 32, 48, 3), (3, 17, 9, 3), (4, 32, 48, 3)):
+        images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+        reference = images.permute(0, 3, 1, 2).float().sub_(mean).div_(std)
+        normalised, _ = to_device(images, torch.zeros(shape[0]))
+        assert normalised.shape == reference.shape
+        torch.testing.assert_close(normalised, reference, rtol=0, atol=1e-5)
 
 
 def loader_options(workers):
