@@ -71,6 +71,12 @@ RUN --mount=type=secret,id=ca_bundle \
 # hadolint ignore=DL3006
 FROM env-${ENV_SOURCE} AS package
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# A C compiler and libjpeg-turbo's headers for the region decoder (torchlab_jpeg).
+# hadolint ignore=DL3008
+RUN --mount=type=secret,id=ca_bundle \
+    apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev libjpeg62-turbo-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml VERSION LICENSE /tmp/torchlab-src/
 COPY torchlab/ /tmp/torchlab-src/torchlab/
 RUN --mount=type=secret,id=ca_bundle \
@@ -106,7 +112,7 @@ ENV PATH=/opt/env/bin:/workspace/.local/bin:$PATH \
 RUN --mount=type=secret,id=ca_bundle \
     apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo acl \
+        openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo acl libjpeg62-turbo \
         ca-certificates git less nano g++ \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 

@@ -9,10 +9,16 @@ and scales it. A 4000 x 3000 photo cropped to 224 px decodes at 1/8 size: most o
 import functools
 import math
 import random
+from io import BytesIO
 
 import numpy as np
 import torch
 from PIL import Image
+
+try:  # the region decoder, a C extension built with the package (pyproject.toml); Pillow alone without it
+    import torchlab_jpeg
+except ImportError:
+    torchlab_jpeg = None
 
 # RandomResizedCrop's ranges (Inception's, torchvision's defaults): the box's share of the image's area
 # and the box's width / height.
@@ -23,6 +29,10 @@ VAL_CROP_FRACTION = 0.875
 # PIL first shrinks by a whole factor while the box is more than this many times the output, then
 # resamples; at 3.0 the result is indistinguishable from resampling the full box (PIL's documentation).
 RESIZE_REDUCING_GAP = 3.0
+# Pillow's DCT scales, largest first; and the margin around a crop that the region decoder decodes and
+# cuts away (libjpeg's fancy upsampling differs at a region's edges), in decoded pixels.
+DRAFT_SCALES = (8, 4, 2, 1)
+REGION_MARGIN = 16
 # What PIL raises for an unreadable, truncated or hostile file.
 UNREADABLE_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
@@ -60,9 +70,16 @@ def center_crop_box(width, height):
     return left, top, left + side, top + side
 
 
-def load_crop(source, choose_box, size, flip=False, draft=True):
-    """Decode `source` (a path or a file object) and return the box choose_box(width, height) resized to
-    size x size: HWC uint8 RGB. draft=False decodes a JPEG at full size (for comparison)."""
+def draft_scale(width, height, box, size):
+    """Pillow's draft rule: the largest of 8, 4, 2, 1 by which the image may be shrunk while the box still
+    spans `size` pixels each way (JPEG's DCT scaling decodes at 1/8, 1/4, 1/2 or full size)."""
+    wanted = (math.ceil(width * size / (box[2] - box[0])), math.ceil(height * size / (box[3] - box[1])))
+    fits = min(width // wanted[0], height // wanted[1])
+    return next((scale for scale in DRAFT_SCALES if fits >= scale), 1)
+
+
+def pillow_crop(source, choose_box, size, draft):
+    """The box choose_box(width, height) of `source` resized to size x size, decoded by Pillow (any format)."""
     with Image.open(source) as image:
         width, height = image.size
         box = choose_box(width, height)
@@ -77,10 +94,69 @@ def load_crop(source, choose_box, size, flip=False, draft=True):
             scale = width / drafted[1][2]
             box = tuple(coordinate / scale for coordinate in box)
         rgb = image if image.mode == "RGB" else image.convert("RGB")  # grey, palette, RGBA, CMYK, ...
-        crop = rgb.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=RESIZE_REDUCING_GAP)
+        return rgb.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=RESIZE_REDUCING_GAP)
+
+
+def region_crop(data, box, width, height, size, draft):
+    """The box of the JPEG `data` resized to size x size (HWC uint8), decoding only the rows and columns it
+    needs and a margin (the chroma upsampling at the region's edges), then resizing with torch's antialiased
+    bilinear filter on uint8 (several times faster than Pillow's, within 55-75 dB of it); None where the
+    region decoder refuses the file."""
+    scale = draft_scale(width, height, box, size) if draft else 1
+    left, top, right, bottom = (round(coordinate / scale) for coordinate in box)
+    region = torchlab_jpeg.decode_region(
+        data, scale, left - REGION_MARGIN, top - REGION_MARGIN, right + REGION_MARGIN, bottom + REGION_MARGIN
+    )
+    if region is None:
+        return None
+    pixels, region_left, region_top, region_width, region_height = region
+    decoded = torch.frombuffer(pixels, dtype=torch.uint8).view(1, region_height, region_width, 3)
+    rows = slice(top - region_top, top - region_top + max(1, bottom - top))
+    columns = slice(left - region_left, left - region_left + max(1, right - left))
+    crop = decoded[:, rows, columns]
+    resized = torch.nn.functional.interpolate(
+        crop.permute(0, 3, 1, 2), size=(size, size), mode="bilinear", antialias=True, align_corners=False
+    )
+    return resized[0].permute(1, 2, 0).numpy()
+
+
+def encoded_bytes(source):
+    """The file's bytes: `source` is a path or a file object (a prepared copy's BytesIO)."""
+    if isinstance(source, BytesIO):
+        return source.getbuffer()
+    if hasattr(source, "read"):
+        return source.read()
+    with open(source, "rb") as encoded:
+        return encoded.read()
+
+
+def load_crop(source, choose_box, size, flip=False, draft=True):
+    """Decode `source` (a path or a file object) and return the box choose_box(width, height) resized to
+    size x size: HWC uint8 RGB. draft=False decodes a JPEG at full size (for comparison).
+
+    Baseline JPEGs in YCbCr, RGB or grey go through the region decoder (torchlab_jpeg, when it is built) and
+    torch's resize; everything else, and any file the decoder refuses, through Pillow, as before. choose_box
+    is called once either way, so the augmentation drawn for a sample does not depend on the path.
+    """
+    header = None
+    if torchlab_jpeg is not None:
+        source = encoded_bytes(source)
+        header = torchlab_jpeg.image_size(source)
+    if header is not None and header[2]:
+        width, height, _ = header
+        box = choose_box(width, height)
+        pixels = region_crop(source, box, width, height, size, draft)
+        if pixels is not None:
+            return np.ascontiguousarray(pixels[:, ::-1]) if flip else pixels
+        choose_box = functools.partial(fixed_box, box)
+    crop = pillow_crop(BytesIO(source) if torchlab_jpeg is not None else source, choose_box, size, draft)
     if flip:
         crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return np.asarray(crop)
+
+
+def fixed_box(box, width, height):
+    return box
 
 
 class ImageDataset(torch.utils.data.Dataset):

@@ -1,0 +1,139 @@
+"""The region decoder (torchlab_jpeg) and load_crop's fast path: exact pixels where it decodes, Pillow's
+path where it does not, and a resize within 40 dB of Pillow's."""
+
+import io
+import math
+import random
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from torchlab.data import decode
+from torchlab.tools import bench_data
+
+torchlab_jpeg = pytest.importorskip("torchlab_jpeg", reason="torchlab_jpeg is not built here (make build builds it)")
+
+# (mode, subsampling, progressive) of the varied files: 4:4:4, 4:2:2, 4:2:0, grey, CMYK, progressive
+KINDS = [("RGB", 0, False), ("RGB", 1, False), ("RGB", 2, False), ("L", 0, False), ("CMYK", 0, False),
+         ("RGB", 2, True)]  # fmt: skip
+
+
+def jpeg_bytes(pixels, mode, subsampling, progressive, quality):
+    image = Image.fromarray(pixels)
+    image = image if mode == "RGB" else image.convert(mode)
+    encoded = io.BytesIO()
+    options = {"subsampling": subsampling} if mode == "RGB" else {}
+    image.save(encoded, "JPEG", quality=quality, progressive=progressive, **options)
+    return encoded.getvalue()
+
+
+def varied_jpegs(count=200, seed=0):
+    """(bytes, mode, progressive, box) of `count` files: odd sizes, noisy content, boxes that touch each edge."""
+    rng = np.random.default_rng(seed)
+    for number in range(count):
+        width, height = int(rng.integers(9, 700)), int(rng.integers(9, 600))
+        pixels = (
+            rng.integers(0, 256, (height, width, 3), dtype=np.uint8) // 2
+            + np.linspace(0, 127, width).astype(np.uint8)[None, :, None]
+        )
+        mode, subsampling, progressive = KINDS[number % len(KINDS)]
+        left, top = int(rng.integers(0, width)), int(rng.integers(0, height))
+        right, bottom = int(rng.integers(left + 1, width + 1)), int(rng.integers(top + 1, height + 1))
+        edge = number % 5  # 0: left and top edges, 1: right and bottom, 2: the whole image, else inside
+        box = [(0, 0, right, bottom), (left, top, width, height), (0, 0, width, height)][edge] if edge < 3 else (
+            left, top, right, bottom)  # fmt: skip
+        yield jpeg_bytes(pixels, mode, subsampling, progressive, int(rng.integers(60, 98))), mode, progressive, box
+
+
+def test_regions_decode_to_the_full_decodes_pixels():
+    decoded = 0
+    for data, mode, progressive, (left, top, right, bottom) in varied_jpegs():
+        width, height, supported = torchlab_jpeg.image_size(data)
+        assert supported == (mode != "CMYK" and not progressive)
+        if not supported:
+            assert torchlab_jpeg.decode_region(data, 1, left, top, right, bottom) is None
+            continue
+        margin = decode.REGION_MARGIN
+        pixels, x, y, region_width, region_height = torchlab_jpeg.decode_region(
+            data, 1, left - margin, top - margin, right + margin, bottom + margin
+        )
+        region = np.frombuffer(pixels, np.uint8).reshape(region_height, region_width, 3)
+        region = region[top - y : bottom - y, left - x : right - x]
+        with Image.open(io.BytesIO(data)) as image:
+            full = np.asarray(image.convert("RGB"))[top:bottom, left:right]
+        difference = np.abs(region.astype(int) - full.astype(int))
+        assert difference.max() <= 2 and (difference == 0).mean() >= 0.98, (mode, (width, height))
+        decoded += 1
+    assert decoded >= 100
+
+
+def test_files_the_region_decoder_refuses_take_pillows_path_unchanged(monkeypatch):
+    for data, mode, progressive, box in varied_jpegs(count=40, seed=1):
+        if mode != "CMYK" and not progressive:
+            continue
+        fast = decode.load_crop(io.BytesIO(data), lambda width, height, box=box: box, 64)
+        monkeypatch.setattr(decode, "torchlab_jpeg", None)
+        assert np.array_equal(fast, decode.load_crop(io.BytesIO(data), lambda width, height, box=box: box, 64))
+        monkeypatch.undo()
+
+
+def psnr(a, b):
+    mse = np.mean((a.astype(float) - b.astype(float)) ** 2)
+    return 10 * np.log10(255**2 / mse) if mse else float("inf")
+
+
+def pillow_resize_of_the_same_region(data, box, size):
+    """Pillow's BILINEAR (reducing_gap as load_crop's Pillow path) on the box the fast path resizes: the same
+    DCT scale, the box rounded to that scale's pixels."""
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        wanted = (math.ceil(width * size / (box[2] - box[0])), math.ceil(height * size / (box[3] - box[1])))
+        _, (_, _, scaled_width, _) = image.draft("RGB", wanted)  # Pillow's own choice of the DCT scale
+        scale = width / scaled_width
+        assert scale == decode.draft_scale(width, height, box, size)
+        scaled_box = tuple(round(coordinate / scale) for coordinate in box)
+        resized = image.convert("RGB").resize(
+            (size, size), Image.Resampling.BILINEAR, box=scaled_box, reducing_gap=decode.RESIZE_REDUCING_GAP
+        )
+        return np.asarray(resized)
+
+
+def test_the_fast_resize_is_within_40_db_of_pillows_and_the_whole_path_near_it(monkeypatch):
+    """Training and validation crops of ImageNet-like images, through the fast path: against Pillow's resize
+    of the same box of the same decode (the resize alone), and against Pillow's whole path (which also keeps
+    the box's fractions at a DCT scale, where the fast path rounds them to whole pixels)."""
+    worst_resize, worst_path = float("inf"), float("inf")
+    for number in range(12):
+        data = jpeg_bytes(bench_data.natural_image(np.random.default_rng([7, number])), "RGB", number % 3, False, 92)
+        width, height = Image.open(io.BytesIO(data)).size
+        for draw in range(6):
+            rng = random.Random(f"{number}/{draw}")
+            box = (
+                decode.center_crop_box(width, height)
+                if draw == 0
+                else decode.random_resized_crop_box(width, height, rng)
+            )
+            chosen = []
+
+            def once(width, height, box=box, chosen=chosen):
+                chosen.append(box)
+                return box
+
+            fast = decode.load_crop(io.BytesIO(data), once, 224)
+            assert len(chosen) == 1  # the box is drawn once
+            worst_resize = min(worst_resize, psnr(fast, pillow_resize_of_the_same_region(data, box, 224)))
+            monkeypatch.setattr(decode, "torchlab_jpeg", None)
+            worst_path = min(worst_path, psnr(fast, decode.load_crop(io.BytesIO(data), lambda w, h, b=box: b, 224)))
+            monkeypatch.undo()
+    assert worst_resize >= 40, worst_resize
+    assert worst_path >= 30, worst_path
+
+
+def test_a_truncated_jpeg_is_unreadable_as_before():
+    data = jpeg_bytes(np.full((64, 80, 3), 90, dtype=np.uint8), "RGB", 2, False, 90)
+    truncated = data[: len(data) // 2]
+    assert torchlab_jpeg.decode_region(truncated, 1, 0, 0, 80, 64) is None
+    with pytest.raises(decode.UNREADABLE_IMAGE_ERRORS):
+        decode.load_crop(io.BytesIO(truncated), decode.center_crop_box, 32)
+    assert torchlab_jpeg.image_size(b"not a jpeg") is None

@@ -1,0 +1,142 @@
+/* torchlab_jpeg: decode only the region of a JPEG that a crop needs, with libjpeg-turbo.
+ *
+ * image_size(data) reads the header: (width, height, supported), or None when it is not a JPEG libjpeg
+ * can read. supported is false for what the region path leaves to Pillow: progressive files (their rows
+ * cannot be skipped without decoding every scan) and colour spaces other than YCbCr, RGB and grey (CMYK,
+ * YCCK).
+ *
+ * decode_region(data, scale_denom, x0, y0, x1, y1) decodes at 1/scale_denom (DCT scaling, as Pillow's
+ * draft) the columns x0..x1 and rows y0..y1 of the scaled image, as RGB: jpeg_crop_scanline narrows the
+ * decode to whole iMCU columns around x0..x1 (so the region may start left of x0 and be wider),
+ * jpeg_skip_scanlines passes over the rows above y0, and decoding stops after row y1. It returns
+ * (rgb bytearray, x_offset, y_offset, width, height) of what was decoded, or None when libjpeg reports an
+ * error or a warning (a truncated or corrupt file): the caller then falls back to Pillow, which says why.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <jpeglib.h>
+
+struct error_escape {
+    struct jpeg_error_mgr manager;
+    jmp_buf escape;
+};
+
+static void escape_on_error(j_common_ptr cinfo)
+{
+    longjmp(((struct error_escape *)cinfo->err)->escape, 1);
+}
+
+/* Warnings (level -1: corrupt data, a premature end) are errors here; trace messages (level >= 0) are not. */
+static void escape_on_warning(j_common_ptr cinfo, int level)
+{
+    if (level < 0)
+        escape_on_error(cinfo);
+}
+
+static int region_supported(const struct jpeg_decompress_struct *cinfo)
+{
+    J_COLOR_SPACE space = cinfo->jpeg_color_space;
+    return !cinfo->progressive_mode && (space == JCS_YCbCr || space == JCS_RGB || space == JCS_GRAYSCALE);
+}
+
+static void start_reading(struct jpeg_decompress_struct *cinfo, struct error_escape *errors, const Py_buffer *data)
+{
+    cinfo->err = jpeg_std_error(&errors->manager);
+    errors->manager.error_exit = escape_on_error;
+    errors->manager.emit_message = escape_on_warning;
+    jpeg_create_decompress(cinfo);
+    jpeg_mem_src(cinfo, (const unsigned char *)data->buf, (unsigned long)data->len);
+}
+
+static PyObject *image_size(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer data;
+    struct jpeg_decompress_struct cinfo;
+    struct error_escape errors;
+    PyObject *result;
+
+    if (!PyArg_ParseTuple(args, "y*", &data))
+        return NULL;
+    start_reading(&cinfo, &errors, &data);
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        Py_RETURN_NONE;
+    }
+    jpeg_read_header(&cinfo, TRUE);
+    result = Py_BuildValue("IIO", cinfo.image_width, cinfo.image_height,
+                           region_supported(&cinfo) ? Py_True : Py_False);
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer data;
+    int scale_denom, x0, y0, x1, y1;
+    struct jpeg_decompress_struct cinfo;
+    struct error_escape errors;
+    PyObject *volatile pixels = NULL;
+    JDIMENSION x_offset, width;
+
+    if (!PyArg_ParseTuple(args, "y*iiiii", &data, &scale_denom, &x0, &y0, &x1, &y1))
+        return NULL;
+    start_reading(&cinfo, &errors, &data);
+    if (setjmp(errors.escape)) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        Py_XDECREF(pixels);
+        Py_RETURN_NONE;
+    }
+    jpeg_read_header(&cinfo, TRUE);
+    if (!region_supported(&cinfo) || !(scale_denom == 1 || scale_denom == 2 || scale_denom == 4 || scale_denom == 8))
+        longjmp(errors.escape, 1);
+    cinfo.out_color_space = JCS_RGB;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = (unsigned int)scale_denom;
+    cinfo.dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(&cinfo);
+    if (x0 < 0) x0 = 0;
+    if (y0 < 0) y0 = 0;
+    if (x1 > (int)cinfo.output_width) x1 = (int)cinfo.output_width;
+    if (y1 > (int)cinfo.output_height) y1 = (int)cinfo.output_height;
+    if (x1 <= x0 || y1 <= y0)
+        longjmp(errors.escape, 1);
+    x_offset = (JDIMENSION)x0;
+    width = (JDIMENSION)(x1 - x0);
+    if (width < cinfo.output_width)
+        jpeg_crop_scanline(&cinfo, &x_offset, &width);
+    if (y0 > 0)
+        jpeg_skip_scanlines(&cinfo, (JDIMENSION)y0);
+    pixels = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)width * 3 * (y1 - y0));
+    if (pixels == NULL) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    while (cinfo.output_scanline < (JDIMENSION)y1) {
+        JSAMPROW row = (JSAMPROW)PyByteArray_AS_STRING(pixels) + (size_t)(cinfo.output_scanline - y0) * width * 3;
+        jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_abort_decompress(&cinfo); /* the rows below the region are never decoded */
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    return Py_BuildValue("NIiIi", pixels, x_offset, y0, width, y1 - y0);
+}
+
+static PyMethodDef methods[] = {
+    {"image_size", image_size, METH_VARARGS, "image_size(data) -> (width, height, supported) or None"},
+    {"decode_region", decode_region, METH_VARARGS,
+     "decode_region(data, scale_denom, x0, y0, x1, y1) -> (rgb bytearray, x_offset, y_offset, width, height) or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "torchlab_jpeg", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit_torchlab_jpeg(void)
+{
+    return PyModule_Create(&module);
+}
