@@ -102,3 +102,13 @@ def test_worker_memory_does_not_grow_per_epoch_with_a_million_samples(tmp_path):
     memory = bench.memory_measurements(str(tmp_path))
     assert memory["samples"] == 1_000_000
     assert memory["sample_index_mb_per_epoch"] < 20 and memory["prepared_index_mb_per_epoch"] < 20
+
+
+def test_the_ready_rows_read_torchlabs_loaders_without_the_device_step(bench_set, tmp_path):
+    prepared.prepare(str(bench_set), str(tmp_path / "prepared"), processes=2)
+    pipelines, transports = bench.make_pipelines(str(bench_set), str(tmp_path / "prepared"), 4, torch.device("cpu"), 2)
+    for name in ("torchlab", "torchlab-prepared"):
+        ready = transports[name + bench.READY_SUFFIX]
+        assert ready.loader is pipelines[name].loader
+        images, labels = ready.to_device(*next(iter(ready.loader))[:2])
+        assert images.dtype == torch.uint8 and images.shape == (4, 224, 224, 3) and len(labels) == 4

@@ -11,7 +11,9 @@ over --repetitions after a warm-up pass:
   torchlab-prepared  the same on a prepared copy (torchlab prepare) of the files
 
 and two ceilings: decode-only (every file decoded at full size, no augmentation, one process per usable CPU)
-and transport (ready-made uint8 samples through train.py's DataLoader settings, no device step). Each
+and transport (ready-made uint8 samples through train.py's DataLoader settings, no device step). The
+ready/s column is torchlab's loaders with no device step: the batches ready for the device, the CPU's share,
+which is what a GPU host sees (its device step runs on the GPU). Each
 pipeline then feeds a simulated consumer that takes batch_size / (1.5 x classic's images/s) seconds per
 batch, and its data-wait fraction is the share of that pass spent waiting for batches. A per-stage timing
 on one core tells which stage limits each pipeline. Results: a table on stdout, OUT_DIR/bench.json and
@@ -51,6 +53,9 @@ STAGE_SAMPLES = 128  # images timed one by one for the per-stage table
 MEMORY_INDEX_SAMPLES = 1_000_000
 # Stages done in the main process, one batch at a time; the others run in every worker at once.
 MAIN_PROCESS_STAGES = ("transfer", "device step")
+# The same loader with no device step: batches ready for the device, the CPU's share (on a GPU host the
+# device step leaves the CPU, so this is the figure that matters there).
+READY_SUFFIX = ":ready"
 
 
 def naive_transform(image_size):
@@ -331,13 +336,15 @@ def report_lines(report):
         f"median of {report['settings']['repetitions']} passes",
         "",
         f"{'pipeline':<18} {'workers':>7} {'images/s':>9} {'min':>8} {'max':>8} {'vs naive':>8} {'vs classic':>10} "
-        f"{'data wait':>9} {'w/ fill':>8}  limit (per-stage timing)",
+        f"{'data wait':>9} {'w/ fill':>8} {'ready/s':>8}  limit (per-stage timing)",
     ]
     for name, result in pipelines.items():
         lines.append(
             f"{name:<18} {result['workers']:>7} {result['images_per_sec']:>9.1f} {min(result['runs']):>8.1f} "
             f"{max(result['runs']):>8.1f} {result['vs_naive']:>7.2f}x {result['vs_classic']:>9.2f}x "
-            f"{result['data_wait_frac']:>9.1%} {result['data_wait_frac_with_fill']:>8.1%}  {result['limit']}"
+            f"{result['data_wait_frac']:>9.1%} {result['data_wait_frac_with_fill']:>8.1%} "
+            f"{format(result['ready_images_per_sec'], '8.1f') if result['ready_images_per_sec'] else '-':>8}  "
+            f"{result['limit']}"
         )
     lines += [""] + [f"ceiling {name:<24} {rate:>9.1f} images/s" for name, rate in ceilings.items()]
     lines += [
@@ -379,6 +386,10 @@ def plot(report, path):
     plt.close(figure)
 
 
+def keep_on_host(images, labels):
+    return images, labels
+
+
 def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
     """The four pipelines compared, and the two transport ceilings (uint8 and float32 batches)."""
     pipelines = {
@@ -402,7 +413,13 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
         lambda images, labels: (images, labels),
         transport.workers,
     )
-    return pipelines, {"transport": transport, "transport-float": float_transport}
+    ready = {
+        f"{name}{READY_SUFFIX}": Pipeline(
+            f"{name}{READY_SUFFIX}", pipelines[name].loader, keep_on_host, transport.workers
+        )
+        for name in ("torchlab", "torchlab-prepared")
+    }
+    return pipelines, {"transport": transport, "transport-float": float_transport, **ready}
 
 
 def measure_rates(pipelines, transports, decode_jobs, repetitions, device, cpus, print_line):
@@ -432,6 +449,7 @@ def pipeline_rows(pipelines, runs, medians, waits, stages):
             "vs_naive": medians[name] / medians["naive"],
             "vs_classic": medians[name] / medians["classic"],
             "workers": pipeline.workers,
+            "ready_images_per_sec": medians.get(f"{name}{READY_SUFFIX}"),
             **{key: statistics.median(wait[key] for wait in waits[name]) for key in waits[name][0] if "wait" in key},
             "fill_s": statistics.median(wait["fill_s"] for wait in waits[name]),
             "limit": stages[name]["limit"],
