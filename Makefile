@@ -162,15 +162,15 @@ test-unit: ## the torchlab package's tests, on the CPU, inside the image (on the
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
 	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) $(VENV)/bin/pytest -s tests/image
 
-export-env: ## write the built env to LOCK_DIR/<what is inside>-<VERSION>.{conda.yml,pypi.txt}; commit it per release
+export-env: ## write the built env (less torchlab itself) to LOCK_DIR/<what is inside>-<VERSION>.{conda.yml,pypi.txt}; commit it per release
 	@set -o pipefail; tag=$$($(INSIDE))-$(VERSION) && mkdir -p $(LOCK_DIR) && \
 	source=$$($(DOCKER_CLI) image inspect -f '{{index .Config.Labels "io.torchlab.env-source"}}' $(IMAGE)) && \
 	if [ "$$source" = conda ]; then \
 		out=$(LOCK_DIR)/$$tag.conda.yml; \
-		$(DOCKER_CLI) run --rm --entrypoint conda $(IMAGE) env export --name torchlab --no-builds | grep -v '^prefix:' > $$out.tmp; \
+		$(DOCKER_CLI) run --rm --entrypoint conda $(IMAGE) env export --name torchlab --no-builds | grep -v -e '^prefix:' -e '^ *- torchlab[=@ ]' > $$out.tmp; \
 	else \
 		out=$(LOCK_DIR)/$$tag.pypi.txt; \
-		$(DOCKER_CLI) run --rm --entrypoint pip $(IMAGE) freeze --all > $$out.tmp; \
+		$(DOCKER_CLI) run --rm --entrypoint pip $(IMAGE) freeze --all --exclude torchlab > $$out.tmp; \
 	fi && mv $$out.tmp $$out && echo "wrote $$out" || { rm -f $(LOCK_DIR)/*.tmp; exit 1; }
 
 clean: ## remove the image, stopped test containers, the venv and caches
