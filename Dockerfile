@@ -152,6 +152,7 @@ RUN --mount=type=bind,from=package,source=/wheels,target=/tmp/wheels \
 COPY train.py /opt/torchlab/train.py
 COPY docs/training.md /opt/torchlab/README.md
 COPY notebooks/ /opt/torchlab/notebooks/
+COPY start/ /usr/local/lib/torchlab/start/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 
 EXPOSE 8888 2222

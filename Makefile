@@ -146,7 +146,7 @@ shell: ## a shell in a throwaway container, as the user
 
 lint: $(VENV)/.done ## hadolint, shellcheck, ruff
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck entrypoint.sh config/*.sh .ci/run tools/detect-build
+	$(VENV)/bin/shellcheck -x entrypoint.sh start/*.sh config/*.sh .ci/run tools/detect-build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

@@ -1,0 +1,180 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034  # hub_args, SHM_WARN_MB, ui_path: read by the parts after this one
+# 1. Read and validate every variable: bad input stops here (die, exit 2), before anything starts.
+# Reads the command line ("$@"): under a JupyterHub, the spawner's jupyterhub-singleuser and its
+# options become hub_args and the command line is emptied. Sets, for the files after it: as_root,
+# hub (and hub_args), the variables' normalised values, ui_path, chown_extra_paths, vars_to_unset;
+# as a user, a passwd entry for the UID; /run/torchlab and its services marker.
+if [ "$(id -u)" = 0 ]; then as_root=yes; else as_root=no; fi
+
+# A JupyterHub spawner (DockerSpawner, KubeSpawner) sets JUPYTERHUB_API_TOKEN and the URL to
+# serve at: then jupyterhub-singleuser, with the hub's auth, stands in for the standalone server.
+# The spawner's command `jupyterhub-singleuser` (KubeSpawner's default; DockerSpawner needs
+# c.DockerSpawner.cmd, as the image's CMD is empty) means that server with the services, and its
+# arguments, like options alone (c.Spawner.args), go to it; anything else is a command, as always.
+hub_args=()
+if [ -n "${JUPYTERHUB_API_TOKEN:-}" ]; then
+    hub=yes
+    [ -n "${JUPYTERHUB_SERVICE_URL:-}" ] ||
+        die "JUPYTERHUB_API_TOKEN is set but JUPYTERHUB_SERVICE_URL is not: expected both (a JupyterHub spawner sets them), or neither"
+    [[ $JUPYTERHUB_SERVICE_URL =~ ^(https?)://(\[[^]/]*\]|[^]/:[]*)(:([0-9]{1,5}))?(/|$) ]] ||
+        die "JUPYTERHUB_SERVICE_URL='$JUPYTERHUB_SERVICE_URL': expected the URL to serve at, such as http://0.0.0.0:8888/user/NAME/"
+    hub_scheme=${BASH_REMATCH[1]} hub_port=${BASH_REMATCH[4]}
+    [ -n "$hub_port" ] || { [ "$hub_scheme" = http ] && hub_port=80; } || hub_port=443
+    case "${1:-}" in
+        jupyterhub-singleuser) shift && hub_args=("$@") && set -- ;;
+        -*) hub_args=("$@") && set -- ;;
+    esac
+else
+    hub=no
+fi
+
+# VAR_FILE variants let secrets come from Docker secrets instead of the environment.
+read_file_var() {  # NAME: if NAME_FILE is set, NAME takes the file's content
+    local file_var="${1}_FILE"
+    [ -n "${!file_var:-}" ] || return 0
+    [ -z "${!1:-}" ] || die "$1 and $file_var are both set; set one"
+    [ -r "${!file_var}" ] || die "$file_var=${!file_var}: no readable file there (expected the path of a mounted secret)"
+    printf -v "$1" '%s' "$(cat -- "${!file_var}")"
+    unset "$file_var"
+}
+read_file_var JUPYTER_TOKEN
+read_file_var JUPYTER_PASSWORD
+read_file_var SSH_PUBLIC_KEY
+read_file_var PUBLIC_KEY
+# PUBLIC_KEY is the name GPU clouds (RunPod, Vast.ai) use.
+key_var=SSH_PUBLIC_KEY
+if [ -n "${PUBLIC_KEY:-}" ]; then
+    [ -z "${SSH_PUBLIC_KEY:-}" ] || die "SSH_PUBLIC_KEY and PUBLIC_KEY are both set; set one"
+    SSH_PUBLIC_KEY=$PUBLIC_KEY key_var=PUBLIC_KEY
+fi
+
+NB_USER=${NB_USER:-jovyan}
+SSH_PORT=${SSH_PORT:-2222}
+JUPYTER_PORT=${JUPYTER_PORT:-8888}
+JUPYTER_TOKEN=${JUPYTER_TOKEN:-}
+JUPYTER_PASSWORD=${JUPYTER_PASSWORD:-}
+SSH_PUBLIC_KEY=${SSH_PUBLIC_KEY:-}
+GRANT_SUDO=${GRANT_SUDO:-no}
+CHOWN_HOME=${CHOWN_HOME:-no}
+CHOWN_HOME_OPTS=${CHOWN_HOME_OPTS:-}
+CHOWN_EXTRA=${CHOWN_EXTRA:-}
+CHOWN_EXTRA_OPTS=${CHOWN_EXTRA_OPTS:-}
+JUPYTER_ENV_VARS_TO_UNSET=${JUPYTER_ENV_VARS_TO_UNSET:-}
+DOCTOR_AT_START=${DOCTOR_AT_START:-yes}
+JUPYTER_UI=${JUPYTER_UI:-notebook}
+SHM_WARN_MB=1024
+
+for var in NB_USER NB_GROUP; do
+    [ -z "${!var+set}" ] || [[ ${!var} =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] ||
+        die "$var='${!var}': expected a Linux $([ "$var" = NB_USER ] && echo user || echo group) name (lower-case letters, digits, _ or -, at most 32)"
+done
+# As a user (docker run --user, runAsNonRoot, OpenShift's arbitrary UIDs): sshd, ssh-keygen, git
+# and pip need a passwd entry for the UID. The image lets groups 0 (as docker-stacks does) and
+# users (100) write /etc/passwd for this.
+ensure_passwd_entry() {
+    local uid gid home
+    uid=$(id -u) gid=$(id -g)
+    id -un >/dev/null 2>&1 && return 0
+    if [ ! -w /etc/passwd ]; then
+        # A command may do without a name; sshd cannot.
+        local why="UID $uid has no passwd entry and /etc/passwd is not writable"
+        local fix="start with GID 0 or 100 (--user $uid:0) on a writable root file system, or with a UID of the image such as 1000"
+        [ "$#" -gt 0 ] || die "$why: expected to $fix"
+        log "warning: $why, so ssh, git and pip --user may fail: $fix"
+        return 0
+    fi
+    home=/home/jovyan
+    [ -w "$home" ] || [ ! -w /workspace ] || home=/workspace
+    # sed -i would need to write a temporary file in /etc; the image's jovyan gives way.
+    sed "/^$NB_USER:/d" /etc/passwd >/tmp/torchlab-passwd
+    printf '%s:x:%s:%s:torchlab user:%s:/bin/bash\n' "$NB_USER" "$uid" "$gid" "$home" >>/tmp/torchlab-passwd
+    cat /tmp/torchlab-passwd >/etc/passwd && rm -f /tmp/torchlab-passwd
+    log "UID $uid had no passwd entry: it is now $NB_USER, home $home"
+}
+[ "$as_root" = yes ] || ensure_passwd_entry "$@"
+existing_uid=$(id -u "$NB_USER" 2>/dev/null || true)
+[ -z "$existing_uid" ] || ((existing_uid >= 1000)) ||
+    die "NB_USER='$NB_USER' is a system account of the image: expected another name, such as jovyan"
+for var in NB_UID NB_GID; do
+    value=${!var:-}
+    if [ -n "$value" ] && { ! [[ $value =~ ^[0-9]{1,10}$ ]] || ((10#$value > 4294967294)); }; then
+        die "$var='$value': expected a numeric ID such as 1000"
+    fi
+    [ -z "$value" ] || printf -v "$var" '%d' "$((10#$value))"
+done
+[ "${NB_UID:-1}" != 0 ] || die "NB_UID=0: Jupyter and logins never run as root; expected a non-root UID such as 1000"
+for var in SSH_PORT JUPYTER_PORT; do
+    value=${!var}
+    if ! [[ $value =~ ^[0-9]{1,5}$ ]] || ((10#$value < 1 || 10#$value > 65535)); then
+        die "$var='$value': expected a TCP port number from 1 to 65535"
+    fi
+done
+((10#$SSH_PORT != 10#$JUPYTER_PORT)) ||
+    die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
+SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
+# What the healthcheck asks under a hub: Jupyter's /api at the hub's port and prefix (without a
+# hub it asks JUPYTER_PORT's /api).
+hub_probe=""
+[ "$hub" = no ] || hub_probe=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
+for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START; do
+    case "${!var}" in
+        yes | 1 | true) printf -v "$var" yes ;;
+        no | 0 | false | "") printf -v "$var" no ;;
+        *) die "$var='${!var}': expected yes or no" ;;
+    esac
+done
+for var in CHOWN_HOME_OPTS CHOWN_EXTRA_OPTS; do
+    read -ra words <<<"${!var}"
+    for word in "${words[@]}"; do
+        case $word in
+            -R | --recursive | -h | --no-dereference | -c | --changes | -f | --silent | --quiet | -v | --verbose) ;;
+            *) die "$var='${!var}': expected chown options from -R, -h, -c, -f and -v" ;;
+        esac
+    done
+done
+case "$JUPYTER_UI" in
+    notebook) ui_path=/tree ;;
+    lab) ui_path=/lab ;;
+    *) die "JUPYTER_UI='$JUPYTER_UI': expected notebook or lab" ;;
+esac
+IFS=, read -ra chown_extra_paths <<<"$CHOWN_EXTRA"
+for path in "${chown_extra_paths[@]}"; do
+    [[ $path == /* ]] || die "CHOWN_EXTRA='$CHOWN_EXTRA': expected absolute paths separated by commas, such as /opt/data,/srv/cache"
+done
+IFS=, read -ra vars_to_unset <<<"$JUPYTER_ENV_VARS_TO_UNSET"
+for name in "${vars_to_unset[@]}"; do
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] ||
+        die "JUPYTER_ENV_VARS_TO_UNSET='$JUPYTER_ENV_VARS_TO_UNSET': expected variable names separated by commas, such as HF_TOKEN,WANDB_API_KEY"
+done
+[ -z "$JUPYTER_TOKEN" ] || [ -z "$JUPYTER_PASSWORD" ] ||
+    die "JUPYTER_TOKEN and JUPYTER_PASSWORD are both set: expected one of them (or neither, for a random token)"
+[[ $JUPYTER_TOKEN =~ ^[[:graph:]]*$ ]] ||
+    die "JUPYTER_TOKEN: expected printable characters without spaces"
+if [ -n "$SSH_PUBLIC_KEY" ]; then
+    # One key per line; ssh-keygen is the judge of what a valid public key is.
+    keyfile=$(mktemp)
+    line_no=0
+    while IFS= read -r line; do
+        line_no=$((line_no + 1))
+        [[ -z ${line//[[:space:]]/} || $line == \#* ]] && continue
+        printf '%s\n' "$line" >"$keyfile"
+        ssh-keygen -l -f "$keyfile" >/dev/null 2>&1 ||
+            die "$key_var line $line_no is not an OpenSSH public key: expected one key per line like 'ssh-ed25519 AAAAC3... you@laptop' (the .pub file, not the private key)"
+    done <<<"$SSH_PUBLIC_KEY"
+    rm -f "$keyfile"
+fi
+unset PUBLIC_KEY
+
+# From here the healthcheck expects the services (until they answer, unhealthy); a container
+# given a command of its own runs none, and has nothing to check. /run/torchlab is root's on a
+# root start; a start as a user needs it writable (the image's is; with --read-only, a tmpfs).
+if [ "$as_root" = yes ]; then
+    install -d -m 0755 -o root -g root /run/torchlab /run/torchlab/authorized_keys /run/torchlab/sshd_config.d \
+        /run/sshd  # sshd's privilege separation directory
+else
+    { mkdir -p /run/torchlab/authorized_keys /run/torchlab/sshd_config.d 2>/dev/null && [ -w /run/torchlab ]; } ||
+        die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
+fi
+rm -f /run/torchlab/services
+[ $# -gt 0 ] || printf '%s\n' "$hub_probe" >/run/torchlab/services

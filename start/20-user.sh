@@ -1,0 +1,180 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154  # as_root, chown_extra_paths: set by 10-validate.sh
+# 2. The user: as root, name, group, UID/GID (adopting /workspace's owner), sudo, home, chowns; as a
+# user, one line for each thing that needs root. Sets HOME_DIR, the final NB_USER/NB_UID/NB_GID, and
+# as_user, the prefix that runs a command as the user; runs the start-notebook.d hooks.
+
+# A mounted folder holds someone's files: a start never moves, deletes or recursively chowns
+# what is inside a mount point unless that path was named (CHOWN_HOME for the home,
+# CHOWN_EXTRA). mounts_under PATH lists the mount points at or below PATH.
+mounts_under() {
+    local path=${1%/} point
+    while read -r _ _ _ _ point _; do
+        printf -v point '%b' "$point"  # mountinfo writes a space as \040
+        [[ $point == "$path" || $point == "$path"/* ]] && printf '%s\n' "$point"
+    done </proc/self/mountinfo
+}
+# chown_tree OWNER PATH [CHOWN_OPTION...] [-- FIND_TEST...]: chown PATH and what lies below it
+# (and passes the tests), without entering a mount point below PATH.
+chown_tree() {
+    local owner=$1 path point options=() prune=()
+    path=$(realpath -e "$2") && shift 2 || return 1
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do options+=("$1") && shift; done
+    [ $# -eq 0 ] || shift
+    while IFS= read -r point; do
+        [ "$point" = "$path" ] && continue
+        point=${point//\\/\\\\} point=${point//\*/\\*} point=${point//\?/\\?} point=${point//\[/\\[}
+        prune+=(-path "$point" -prune -o)
+    done < <(mounts_under "$path")
+    find "$path" "${prune[@]}" "$@" -exec chown --no-dereference "${options[@]}" "$owner" {} +
+}
+# chown_named OPTIONS OWNER PATH: chown as asked for by name; -R stops at mount points below PATH.
+chown_named() {
+    local words options=() recursive=no word
+    read -ra words <<<"$1"
+    for word in "${words[@]}"; do
+        case $word in -R | --recursive) recursive=yes ;; *) options+=("$word") ;; esac
+    done
+    [ -e "$3" ] || die "CHOWN_EXTRA: $3 does not exist; expected existing paths"
+    if [ "$recursive" = yes ]; then
+        chown_tree "$2" "$3" "${options[@]}"
+    else
+        chown "${options[@]}" "$2" "$3"
+    fi
+}
+
+# The primary group: NB_GID's, named NB_GROUP when given (a new GID gets NB_GROUP, else NB_USER,
+# as its name). The account keeps `users` (100) as a supplementary group, as in docker-stacks.
+primary_group() {
+    local existing
+    existing=$(getent group "$NB_GID" | cut -d: -f1 || true)
+    if [ -z "$existing" ]; then
+        getent group "${NB_GROUP:-$NB_USER}" >/dev/null &&
+            die "NB_GROUP='${NB_GROUP:-$NB_USER}' already names GID $(getent group "${NB_GROUP:-$NB_USER}" | cut -d: -f3), not NB_GID=$NB_GID: expected a new group name, or that GID"
+        groupadd --gid "$NB_GID" "${NB_GROUP:-$NB_USER}"
+    elif [ -n "${NB_GROUP:-}" ] && [ "$existing" != "$NB_GROUP" ]; then
+        groupmod --new-name "$NB_GROUP" "$existing"
+        log "NB_GROUP: GID $NB_GID is now named $NB_GROUP (was $existing)"
+    fi
+}
+
+# As root: the image's user is jovyan (1000:100); rename and renumber it as asked.
+setup_user_as_root() {
+    local old_home old_uid groups=()
+    old_home=$(getent passwd jovyan | cut -d: -f6 || true)
+    if ! id -u "$NB_USER" >/dev/null 2>&1; then
+        if [ -e "/home/$NB_USER" ]; then
+            usermod --login "$NB_USER" --home "/home/$NB_USER" jovyan
+        elif [ -n "$(mounts_under "$old_home")" ]; then
+            # usermod --move-home copies a home that holds a mount, then deletes the original
+            # through it: the folder stays where it is, and the new name points at it.
+            usermod --login "$NB_USER" jovyan
+            ln -s "$old_home" "/home/$NB_USER"
+            log "NB_USER: renamed jovyan to $NB_USER; the home stays $old_home (it holds mounts), /home/$NB_USER links to it"
+        else
+            usermod --login "$NB_USER" --home "/home/$NB_USER" --move-home jovyan
+        fi
+    fi
+    primary_group
+    HOME_DIR=$(getent passwd "$NB_USER" | cut -d: -f6)
+    old_uid=$(id -u "$NB_USER")
+    if [ "$old_uid" != "$NB_UID" ] || [ "$(id -g "$NB_USER")" != "$NB_GID" ]; then
+        # Not usermod --uid: it chowns the home's files itself, through any mount below it. The
+        # image's own files in the home follow the new IDs; what is mounted keeps its owners.
+        [ "$NB_GID" = 100 ] || groups=(--groups users)
+        userdel "$NB_USER" 2>/dev/null  # it warns that a group named after the user stays: it should
+        useradd --no-create-home --no-log-init --non-unique --home-dir "$HOME_DIR" --shell /bin/bash \
+            --uid "$NB_UID" --gid "$NB_GID" "${groups[@]}" --password '*' "$NB_USER"
+        if mountpoint -q "$HOME_DIR"; then
+            log "the home $HOME_DIR is a mount: its files keep their owners (CHOWN_HOME=yes chowns it)"
+        else
+            chown_tree "$NB_UID:$NB_GID" "$HOME_DIR" -- -user "$old_uid"
+        fi
+    fi
+    [ "$CHOWN_HOME" = no ] || chown_named "$CHOWN_HOME_OPTS" "$NB_UID:$NB_GID" "$HOME_DIR"
+    for path in "${chown_extra_paths[@]}"; do
+        chown_named "$CHOWN_EXTRA_OPTS" "$NB_UID:$NB_GID" "$path"
+    done
+    if [ "$GRANT_SUDO" = yes ]; then
+        printf '%s ALL=(ALL) NOPASSWD:ALL\n' "$NB_USER" >/etc/sudoers.d/torchlab
+        chmod 0440 /etc/sudoers.d/torchlab
+        log "GRANT_SUDO: $NB_USER may use sudo without a password"
+    else
+        rm -f /etc/sudoers.d/torchlab
+    fi
+    # /etc/passwd is writable by groups 0 and users only for starts as a user (below); chmod also
+    # sets the ACL's mask, so neither group keeps it.
+    chmod 0644 /etc/passwd 2>/dev/null || true  # a read-only root keeps it unwritable anyway
+    # A /workspace that Docker made for a bind mount is root's and empty; the image's own is
+    # jovyan's (1000). Either way it becomes the user's; a mounted folder of someone else's is left.
+    if [ -d /workspace ]; then
+        local ws_uid
+        ws_uid=$(stat -c %u /workspace)
+        if { [ "$ws_uid" = 0 ] && [ -z "$(ls -A /workspace)" ]; } ||
+            { [ "$ws_uid" = 1000 ] && ! mountpoint -q /workspace; }; then
+            chown "$NB_UID:$NB_GID" /workspace
+        fi
+    fi
+}
+
+# As a user: what only root can do is skipped, one line each.
+setup_user_as_self() {
+    local uid gid name
+    uid=$(id -u) gid=$(id -g) name=$(id -un 2>/dev/null || echo "$NB_USER")
+    [ "$name" = "$NB_USER" ] || log "NB_USER=$NB_USER: skipped, UID $uid is already $name and renaming needs a root start (drop --user)"
+    if [ "${NB_UID_GIVEN:-$uid}" != "$uid" ] || [ "${NB_GID_GIVEN:-$gid}" != "$gid" ]; then
+        log "NB_UID/NB_GID: skipped, the container runs as $uid:$gid and changing IDs needs a root start; give them to --user instead"
+    fi
+    [ -z "${NB_GROUP:-}" ] || log "NB_GROUP: skipped, naming groups needs a root start (drop --user)"
+    [ "$GRANT_SUDO" = no ] || log "GRANT_SUDO: skipped, the container started as UID $uid, not root; sudo needs a root start (drop --user)"
+    if [ "$CHOWN_HOME" = yes ] || [ -n "$CHOWN_EXTRA" ]; then
+        log "CHOWN_HOME/CHOWN_EXTRA: skipped, chown needs a root start; give the files to UID $uid on the host instead"
+    fi
+    NB_USER=$name NB_UID=$uid NB_GID=$gid
+    HOME_DIR=$(getent passwd "$uid" | cut -d: -f6 || true)
+    HOME_DIR=${HOME_DIR:-/home/jovyan}
+}
+
+# Files written to /workspace should belong to the person on the host: with no NB_UID
+# given, a /workspace owned by a non-root user is adopted.
+NB_UID_GIVEN=${NB_UID:-} NB_GID_GIVEN=${NB_GID:-}
+if [ "$as_root" = yes ] && [ -z "${NB_UID:-}" ] && [ -d /workspace ]; then
+    ws_uid=$(stat -c %u /workspace) ws_gid=$(stat -c %g /workspace)
+    if [ "$ws_uid" != 0 ] && [ "$ws_uid" != 1000 ]; then
+        NB_UID=$ws_uid
+        NB_GID=${NB_GID:-$ws_gid}
+        log "/workspace belongs to UID $ws_uid (GID $ws_gid): running as UID $NB_UID GID $NB_GID (set NB_UID to choose)"
+    fi
+fi
+if [ -n "${NB_GROUP:-}" ] && [ -z "${NB_GID:-}" ] && getent group "$NB_GROUP" >/dev/null; then
+    NB_GID=$(getent group "$NB_GROUP" | cut -d: -f3)
+fi
+NB_UID=${NB_UID:-1000}
+NB_GID=${NB_GID:-100}
+uid_owner=$(getent passwd "$NB_UID" | cut -d: -f1 || true)
+case "$uid_owner" in
+    "" | jovyan | "$NB_USER") ;;
+    *) [ "$as_root" = no ] || die "NB_UID=$NB_UID belongs to the image's account '$uid_owner': expected a UID of no other account, such as 1000" ;;
+esac
+
+run_hooks /usr/local/bin/start-notebook.d
+if [ "$as_root" = yes ]; then setup_user_as_root; else setup_user_as_self; fi
+
+# Prefix that runs a command as NB_USER, keeping the container's environment.
+as_user=(env HOME="$HOME_DIR" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash)
+[ "$as_root" = no ] || as_user=(setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups "${as_user[@]}")
+
+# What the image brings for the user, added only where nothing is: a user's files are never
+# overwritten. The notebooks go to /workspace (Jupyter's root); `python train.py` works in the
+# SSH login directory.
+if [ -d /workspace ] && [ ! -e /workspace/notebooks ]; then
+    "${as_user[@]}" cp -r /opt/torchlab/notebooks /workspace/notebooks ||
+        log "warning: could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
+fi
+# A link made by an image before 0.3 points at /opt/torchlab/train/train.py, which is gone: it is re-pointed.
+if [ "$(readlink "$HOME_DIR/train.py" 2>/dev/null)" = /opt/torchlab/train/train.py ]; then
+    "${as_user[@]}" rm -f "$HOME_DIR/train.py" 2>/dev/null || true
+fi
+if [ ! -e "$HOME_DIR/train.py" ] && [ ! -L "$HOME_DIR/train.py" ]; then
+    "${as_user[@]}" ln -s /opt/torchlab/train.py "$HOME_DIR/train.py" 2>/dev/null || true
+fi

@@ -1,0 +1,103 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154  # as_root, hub, hub_args, ui_path, as_user, token_generated: set by the numbered parts
+# The services, sshd and Jupyter, started and supervised here alone. supervise_services never
+# returns; it guarantees:
+#   - nothing restarts a service: the container lives as long as both do.
+#   - One ends by itself: one line, "torchlab: sshd|Jupyter exited with status N; stopping the
+#     container"; both get SIGTERM and are waited for; the container exits N, or 1 if N was 0.
+#   - docker stop (SIGTERM, sent to the whole process group by tini -g; or SIGINT): sshd and Jupyter
+#     get SIGTERM and are waited for; then the user's own processes, started over SSH and so out of
+#     tini's group (a nohup'd train.py), get SIGTERM, top-level ones only, and are waited for until
+#     none is left, so they can checkpoint; exit 0.
+#   - No wait has a limit of its own: Docker's stop timeout (docker stop -t) bounds them all, and then
+#     SIGKILL ends everything.
+# The doctor runs alongside, unsupervised: its report goes to the start log, whatever it finds.
+
+# sshd keeps no secret in its environment. A user's sshd serves that one account (OpenSSH's
+# non-privileged mode); its key files live in /run/torchlab, which is the user's: StrictModes off.
+start_sshd() {
+    local options=(-o "Port=$SSH_PORT" -o PidFile=none)
+    [ "$as_root" = yes ] || options+=(-o StrictModes=no)
+    env -u JUPYTER_TOKEN -u TORCHLAB_JUPYTER_PASSWORD_HASH -u JUPYTERHUB_API_TOKEN -u JPY_API_TOKEN \
+        /usr/sbin/sshd -D -e "${options[@]}" &
+    sshd_pid=$!
+}
+
+# Notebook 7 and JupyterLab are one server either way (/tree and /lab); JUPYTER_UI picks what / opens.
+# Under a hub, the hub's URL (ip, port, prefix) and auth win over jupyter_server_config.py; the
+# hub admin's c.Spawner.default_url wins over JUPYTER_UI.
+start_jupyter() {
+    local command
+    if [ "$hub" = yes ]; then
+        command=(jupyterhub-singleuser)
+        [ -n "${JUPYTERHUB_DEFAULT_URL:-}" ] || command+=(--ServerApp.default_url="$ui_path")
+        command+=("${hub_args[@]}")
+    else
+        command=(jupyter "$JUPYTER_UI" --ServerApp.port="$JUPYTER_PORT")
+    fi
+    "${as_user[@]}" "${command[@]}" &
+    jupyter_pid=$!
+}
+
+# The doctor's report in the start log; in the background, as importing torch and counting a
+# large /data take a while.
+start_doctor() {
+    [ "$DOCTOR_AT_START" = yes ] || return 0
+    "${as_user[@]}" sh -c "torchlab doctor 2>&1 | sed 's/^/torchlab: doctor: /'" >&2 &
+}
+
+log_how_to_connect() {
+    log "SSH:     ssh -p $SSH_PORT $NB_USER@<host>"
+    if [ "$hub" = yes ]; then
+        log "JupyterHub: JUPYTERHUB_API_TOKEN is set, so jupyterhub-singleuser serves $JUPYTERHUB_SERVICE_URL in place of the standalone server, with the hub's login"
+    elif [ "$token_generated" = yes ]; then
+        log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path?token=$JUPYTER_TOKEN"
+    else
+        log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
+    fi
+}
+
+# The user's processes are those of NB_UID other than tini and this script's own (and their
+# children's); with "top", only those whose parent is not among them: their children, such as
+# DataLoader workers, are theirs to stop.
+users_processes() {  # top | all
+    ps -e -o pid=,ppid=,uid= | awk -v uid="$NB_UID" -v me=$$ -v which="$1" '
+        { owner[$1] = $3; parent[$1] = $2 }
+        function ours(pid) { while (pid > 1) { if (pid == me) return 1; pid = parent[pid] } return 0 }
+        END {
+            for (pid in owner) user[pid] = owner[pid] == uid && pid != 1 && !ours(pid)
+            for (pid in user) if (user[pid] && (which == "all" || !user[parent[pid]])) print pid
+        }'
+}
+
+stop_users_processes() {
+    local top_level
+    top_level=$(users_processes top)
+    [ -n "$top_level" ] || return 0
+    log "stopping: sent SIGTERM to $NB_USER's processes; waiting for them to exit"
+    # shellcheck disable=SC2086  # one PID per word
+    kill -TERM $top_level 2>/dev/null || true
+    while [ -n "$(users_processes all)" ]; do sleep 0.2; done
+}
+
+supervise_services() {
+    local status=0 ended name
+    cd /workspace || exit
+    start_sshd
+    start_jupyter
+    start_doctor
+    log_how_to_connect
+    stopping=no
+    trap 'stopping=yes' TERM INT
+    wait -n -p ended "$sshd_pid" "$jupyter_pid" || status=$?
+    if [ "$stopping" = no ]; then
+        name=$([ "${ended:-}" = "$sshd_pid" ] && echo sshd || echo Jupyter)
+        log "$name exited with status $status; stopping the container"
+        [ "$status" != 0 ] || status=1
+    fi
+    kill -TERM "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
+    wait "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
+    [ "$stopping" = yes ] || exit "$status"
+    stop_users_processes
+    exit 0
+}
