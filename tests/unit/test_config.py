@@ -1,0 +1,72 @@
+"""config.py: the parser made from TrainConfig, --config files, and resolve()."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import QUICK_RUN, ROOT, TRAIN_ENV, run_train
+from torchlab import config, distributed
+
+
+def test_every_flag_has_its_default_and_help_from_the_dataclass():
+    parser = config.build_parser()
+    for field in config.FLAGS:
+        assert parser.get_default(field.name) == field.default, field.name
+        assert "default" in field.metadata["help"], field.name
+    assert config.parse_args([]) == config.TrainConfig()
+    assert config.parse_args(["--batch-size", "8", "--no-jpeg-draft"]).batch_size == 8
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_config_file_sets_defaults_and_the_command_line_wins(tmp_path, suffix):
+    path = tmp_path / f"defaults{suffix}"
+    values = {"arch": "resnet18", "batch-size": 128, "jpeg_draft": False, "lr": 0.5}
+    path.write_text(
+        json.dumps(values) if suffix == ".json" else "".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items())
+    )
+    flags = config.parse_args(["--config", str(path), "--batch-size", "16"])
+    assert (flags.arch, flags.batch_size, flags.jpeg_draft, flags.lr) == ("resnet18", 16, False, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"no-such-flag": 1}', "'no-such-flag' is not a flag of train.py"),
+        ('{"batch-size": 0}', "batch-size: expected an integer > 0, got '0'"),
+        ('{"amp": "fp8"}', "amp: expected one of auto, bf16, fp16, off"),
+        ('{"compile": "yes"}', "compile: expected true or false"),
+        ("[1, 2]", "expected a mapping of flag names to values"),
+        ("{not json", "--config"),
+    ],
+)
+def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, sample_set, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    result = run_train("--config", path, "--data", sample_set, "--run-dir", tmp_path / "run", *QUICK_RUN)
+    assert result.returncode == 2
+    assert result.stderr.startswith("train.py: error: --config ") and result.stderr.count("\n") == 1
+    assert message in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_resolve_fills_in_every_auto(tmp_path):
+    flags = config.parse_args(["--run-dir", str(tmp_path / "run"), "--device", "cpu", "--autotune-file", "/dev/null"])
+    resolved = config.resolve(flags, distributed.Processes())
+    assert resolved.device == "cpu" and resolved.amp == "off" and resolved.pin_memory is False
+    assert isinstance(resolved.workers, int) and resolved.prefetch_factor == 4 and resolved.jpeg_draft is True
+    assert resolved.lr == pytest.approx(0.1 * 64 / 256) and resolved.resume_path is None
+
+
+def test_python_m_torchlab_train_is_train_py():
+    result = subprocess.run(
+        [sys.executable, "-m", "torchlab.train", "--help"],
+        capture_output=True,
+        text=True,
+        env=TRAIN_ENV,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: train.py ")
+    assert len((ROOT / "train.py").read_text().strip().splitlines()) <= 3  # the shim: an import and a call
