@@ -5,6 +5,8 @@ import io
 import math
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -141,3 +143,11 @@ def test_a_truncated_jpeg_is_unreadable_as_before():
     with pytest.raises(decode.UNREADABLE_IMAGE_ERRORS):
         decode.load_crop(io.BytesIO(truncated), decode.center_crop_box, 32)
     assert torchlab_jpeg.image_size(b"not a jpeg") is None
+
+
+def test_the_decoder_loads_after_torchvision_and_pillow_have_their_own_libjpeg():
+    """torchvision and Pillow bring libjpeg copies of their own (one answers to libjpeg.so.62): the region
+    decoder must still load, as train.py imports torchvision first."""
+    code = "import torchvision, PIL.Image; from torchlab.data import decode; print(decode.torchlab_jpeg is not None)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "True"

@@ -11,12 +11,52 @@
  * jpeg_skip_scanlines passes over the rows above y0, and decoding stops after row y1. It returns
  * (rgb bytearray, x_offset, y_offset, width, height) of what was decoded, or None when libjpeg reports an
  * error or a warning (a truncated or corrupt file): the caller then falls back to Pillow, which says why.
+ *
+ * libjpeg-turbo is opened by its full path with dlopen (RTLD_LOCAL | RTLD_DEEPBIND), not linked: torchvision
+ * and Pillow load copies of libjpeg of their own, and one of them answers to the soname libjpeg.so.62, so a
+ * linked dependency would be bound to that copy, which lacks jpeg_skip_scanlines.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <jpeglib.h>
+
+static const char *const LIBJPEG_PATHS[] = {
+    "/usr/lib/x86_64-linux-gnu/libjpeg.so.62", "/usr/lib/aarch64-linux-gnu/libjpeg.so.62",
+    "/usr/lib64/libjpeg.so.62", "/usr/lib/libjpeg.so.62", NULL,
+};
+
+/* The libjpeg functions used, from the copy this module opens. */
+static struct {
+    struct jpeg_error_mgr *(*std_error)(struct jpeg_error_mgr *);
+    void (*create_decompress)(j_decompress_ptr, int, size_t);
+    void (*mem_src)(j_decompress_ptr, const unsigned char *, unsigned long);
+    int (*read_header)(j_decompress_ptr, boolean);
+    boolean (*start_decompress)(j_decompress_ptr);
+    void (*crop_scanline)(j_decompress_ptr, JDIMENSION *, JDIMENSION *);
+    JDIMENSION (*skip_scanlines)(j_decompress_ptr, JDIMENSION);
+    JDIMENSION (*read_scanlines)(j_decompress_ptr, JSAMPARRAY, JDIMENSION);
+    void (*abort_decompress)(j_decompress_ptr);
+    void (*destroy_decompress)(j_decompress_ptr);
+} libjpeg;
+
+static int open_libjpeg(void)
+{
+    void *handle = NULL;
+    for (const char *const *path = LIBJPEG_PATHS; *path != NULL && handle == NULL; path++)
+        handle = dlopen(*path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (handle == NULL)
+        return 0;
+#define FIND(field, name) (*(void **)&libjpeg.field = dlsym(handle, name)) != NULL
+    return FIND(std_error, "jpeg_std_error") && FIND(create_decompress, "jpeg_CreateDecompress") &&
+           FIND(mem_src, "jpeg_mem_src") && FIND(read_header, "jpeg_read_header") &&
+           FIND(start_decompress, "jpeg_start_decompress") && FIND(crop_scanline, "jpeg_crop_scanline") &&
+           FIND(skip_scanlines, "jpeg_skip_scanlines") && FIND(read_scanlines, "jpeg_read_scanlines") &&
+           FIND(abort_decompress, "jpeg_abort_decompress") && FIND(destroy_decompress, "jpeg_destroy_decompress");
+#undef FIND
+}
 
 struct error_escape {
     struct jpeg_error_mgr manager;
@@ -43,11 +83,11 @@ static int region_supported(const struct jpeg_decompress_struct *cinfo)
 
 static void start_reading(struct jpeg_decompress_struct *cinfo, struct error_escape *errors, const Py_buffer *data)
 {
-    cinfo->err = jpeg_std_error(&errors->manager);
+    cinfo->err = libjpeg.std_error(&errors->manager);
     errors->manager.error_exit = escape_on_error;
     errors->manager.emit_message = escape_on_warning;
-    jpeg_create_decompress(cinfo);
-    jpeg_mem_src(cinfo, (const unsigned char *)data->buf, (unsigned long)data->len);
+    libjpeg.create_decompress(cinfo, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
+    libjpeg.mem_src(cinfo, (const unsigned char *)data->buf, (unsigned long)data->len);
 }
 
 static PyObject *image_size(PyObject *Py_UNUSED(module), PyObject *args)
@@ -61,14 +101,14 @@ static PyObject *image_size(PyObject *Py_UNUSED(module), PyObject *args)
         return NULL;
     start_reading(&cinfo, &errors, &data);
     if (setjmp(errors.escape)) {
-        jpeg_destroy_decompress(&cinfo);
+        libjpeg.destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         Py_RETURN_NONE;
     }
-    jpeg_read_header(&cinfo, TRUE);
+    libjpeg.read_header(&cinfo, TRUE);
     result = Py_BuildValue("IIO", cinfo.image_width, cinfo.image_height,
                            region_supported(&cinfo) ? Py_True : Py_False);
-    jpeg_destroy_decompress(&cinfo);
+    libjpeg.destroy_decompress(&cinfo);
     PyBuffer_Release(&data);
     return result;
 }
@@ -86,19 +126,19 @@ static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args)
         return NULL;
     start_reading(&cinfo, &errors, &data);
     if (setjmp(errors.escape)) {
-        jpeg_destroy_decompress(&cinfo);
+        libjpeg.destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         Py_XDECREF(pixels);
         Py_RETURN_NONE;
     }
-    jpeg_read_header(&cinfo, TRUE);
+    libjpeg.read_header(&cinfo, TRUE);
     if (!region_supported(&cinfo) || !(scale_denom == 1 || scale_denom == 2 || scale_denom == 4 || scale_denom == 8))
         longjmp(errors.escape, 1);
     cinfo.out_color_space = JCS_RGB;
     cinfo.scale_num = 1;
     cinfo.scale_denom = (unsigned int)scale_denom;
     cinfo.dct_method = JDCT_ISLOW;
-    jpeg_start_decompress(&cinfo);
+    libjpeg.start_decompress(&cinfo);
     if (x0 < 0) x0 = 0;
     if (y0 < 0) y0 = 0;
     if (x1 > (int)cinfo.output_width) x1 = (int)cinfo.output_width;
@@ -108,21 +148,21 @@ static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args)
     x_offset = (JDIMENSION)x0;
     width = (JDIMENSION)(x1 - x0);
     if (width < cinfo.output_width)
-        jpeg_crop_scanline(&cinfo, &x_offset, &width);
+        libjpeg.crop_scanline(&cinfo, &x_offset, &width);
     if (y0 > 0)
-        jpeg_skip_scanlines(&cinfo, (JDIMENSION)y0);
+        libjpeg.skip_scanlines(&cinfo, (JDIMENSION)y0);
     pixels = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)width * 3 * (y1 - y0));
     if (pixels == NULL) {
-        jpeg_destroy_decompress(&cinfo);
+        libjpeg.destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         return NULL;
     }
     while (cinfo.output_scanline < (JDIMENSION)y1) {
         JSAMPROW row = (JSAMPROW)PyByteArray_AS_STRING(pixels) + (size_t)(cinfo.output_scanline - y0) * width * 3;
-        jpeg_read_scanlines(&cinfo, &row, 1);
+        libjpeg.read_scanlines(&cinfo, &row, 1);
     }
-    jpeg_abort_decompress(&cinfo); /* the rows below the region are never decoded */
-    jpeg_destroy_decompress(&cinfo);
+    libjpeg.abort_decompress(&cinfo); /* the rows below the region are never decoded */
+    libjpeg.destroy_decompress(&cinfo);
     PyBuffer_Release(&data);
     return Py_BuildValue("NIiIi", pixels, x_offset, y0, width, y1 - y0);
 }
@@ -138,5 +178,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "torchlab_jpeg", NULL
 
 PyMODINIT_FUNC PyInit_torchlab_jpeg(void)
 {
+    if (!open_libjpeg()) {
+        PyErr_SetString(PyExc_ImportError, "torchlab_jpeg: no libjpeg-turbo with jpeg_skip_scanlines (libjpeg62-turbo)");
+        return NULL;
+    }
     return PyModule_Create(&module);
 }
