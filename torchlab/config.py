@@ -99,7 +99,7 @@ class TrainConfig:
     workers: object = flag("auto", "data loading", "loader processes per training process; auto: what "
                            "--autotune saved for this --data, --image-size, --batch-size and device, else min(8, "
                            "usable CPUs / processes on this machine), counting CPU affinity and the cgroup CPU "
-                           "quota (default: auto)", worker_count)  # fmt: skip
+                           "quota; N: at most 4 per usable CPU (default: auto)", worker_count)  # fmt: skip
     prefetch_factor: int = flag(None, "data loading", f"batches each worker loads ahead (default: "
                                 f"{loader.DEFAULT_PREFETCH_FACTOR}, or what --autotune saved, with --workers auto)",
                                 positive_int)  # fmt: skip
@@ -292,6 +292,11 @@ def resolve(flags, processes):
     """The TrainConfig the run uses: every "auto" resolved (CUDA, checkpoints, the autotune file, CPUs) and the
     checks that need I/O done. `processes` is distributed.Processes. Raises ConfigError."""
     check_flags(flags)
+    if flags.workers != "auto" and flags.workers > loader.max_worker_count():
+        raise ConfigError(
+            f"--workers {flags.workers}: expected at most {loader.max_worker_count()} ({loader.MAX_WORKERS_PER_CPU} "
+            f"per usable CPU, {loader.usable_cpu_count()} here), or auto"
+        )
     device = resolve_device(flags.device, processes)
     on_cuda = device.startswith("cuda")
     key = autotune.setting_key(flags.data, flags.image_size, flags.batch_size, device, processes.local_world_size)

@@ -23,6 +23,7 @@ from torchlab.data import sampler
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 MAX_AUTO_WORKERS = 8
+MAX_WORKERS_PER_CPU = 4  # --workers N above this per usable CPU is refused: config.resolve
 DEFAULT_PREFETCH_FACTOR = 4
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -94,6 +95,12 @@ def usable_cpu_count(cgroup_root=CGROUP_ROOT):
 def auto_worker_count(processes_on_this_machine):
     """--workers auto: this process's share of the usable CPUs, at most MAX_AUTO_WORKERS."""
     return min(MAX_AUTO_WORKERS, max(1, usable_cpu_count() // processes_on_this_machine))
+
+
+def max_worker_count():
+    """The most loader processes --workers N may start: MAX_WORKERS_PER_CPU per usable CPU. Each worker is a
+    copy of the training process (hundreds of MB), so more only add memory and start-up time."""
+    return MAX_WORKERS_PER_CPU * usable_cpu_count()
 
 
 def shared_memory_bytes(path=SHM_PATH):

@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import run_train
-from torchlab import train
+from torchlab import loader, train
 
 
 def test_missing_data_folder_says_how_to_mount_it(tmp_path):
@@ -58,6 +58,22 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, signal_handlers
     assert stderr.count("\n") == 1 and stderr.startswith("train.py: error: ")
     assert message in stderr
     assert not run_dir.exists()
+
+
+def test_more_workers_than_4_per_cpu_is_refused(tmp_path, capsys, sample_set, monkeypatch, signal_handlers_restored):
+    """Found by test_generated_flags.py: --workers 1_000 (Python's int() takes it) forked hundreds of copies
+    of the training process until the machine ran out of memory."""
+    monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)
+    argv = ["--data", str(sample_set), "--run-dir", str(tmp_path / "run"), "--device", "cpu", "--loader-only"]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*argv, "--workers", "1_000"])
+
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr == "train.py: error: --workers 1000: expected at most 8 (4 per usable CPU, 2 here), or auto\n"
+    assert not (tmp_path / "run").exists()
+    train.main([*argv, "--workers", "8", "--batch-size", "8"])  # the bound itself is accepted
+    assert "loader-only: " in capsys.readouterr().out
 
 
 def test_too_few_images_for_one_batch(tmp_path, capsys, sample_set, signal_handlers_restored):
