@@ -48,7 +48,7 @@ STOP_COMMAND = $(strip make stop $(foreach v,IMAGE CONTAINER DOCKER,$(if $(filte
 SUB_MAKE = $(MAKE) --no-print-directory DOCKER=$(DOCKER_CLI) CA_BUNDLE=$(CA_BUNDLE_FILE)
 
 .DEFAULT_GOAL := help
-.PHONY: help build base-debian image run stop compose-up compose-down multinode bench tag push shell test test-static test-unit \
+.PHONY: help build base-debian image run stop compose-up compose-down multinode bench bench-resize tag push shell test test-static test-unit \
 	test-image lint export-env clean
 
 help: ## show this help
@@ -126,6 +126,26 @@ bench: ## compare input pipelines (naive, classic, torchlab, prepared) with ceil
 	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --shm-size=2g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
 		-v $(CURDIR)/.cache/bench:/cache --entrypoint torchlab $(IMAGE) \
 		bench --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
+
+# As root in a throwaway container, nothing of it in the image: Debian's compiler and headers, Pillow-SIMD built
+# from source for the image's Pillow release (it replaces PIL, so only on the child's PYTHONPATH) and OpenCV
+# (4.11: built for numpy 1.x and 2.x; --no-deps keeps the env's numpy), then the image's torchlab.
+bench-resize: image ## time resizing crops to 224 px (Pillow, torch, OpenCV, Pillow-SIMD), PSNR vs Pillow; .cache/bench/results/bench_resize.json
+	mkdir -p .cache/bench
+	$(DOCKER_CLI) run --rm --user 0 -e HOST_OWNER=$$(id -u):$$(id -g) -e PYTHONDONTWRITEBYTECODE=1 \
+		$(if $(CA_BUNDLE_FILE),-v $(CA_BUNDLE_FILE):/tmp/ca.crt:ro -e PIP_CERT=/tmp/ca.crt) \
+		-v $(CURDIR)/.cache/bench:/cache --entrypoint bash $(IMAGE) -c 'set -euo pipefail; \
+		ca=(); if [ -f /tmp/ca.crt ]; then ca=(-o Acquire::https::CAInfo=/tmp/ca.crt); fi; \
+		apt-get "$${ca[@]}" update -qq; \
+		DEBIAN_FRONTEND=noninteractive apt-get "$${ca[@]}" install -y -qq --no-install-recommends \
+			gcc libc6-dev libjpeg62-turbo-dev zlib1g-dev >/dev/null; \
+		pillow=$$(python -c "import PIL; print(PIL.__version__)"); \
+		pip install -q --no-cache-dir --root-user-action=ignore --target /tmp/simd "pillow-simd==$$pillow.*"; \
+		pip install -q --no-cache-dir --root-user-action=ignore --no-deps --target /tmp/cv \
+			opencv-python-headless==4.11.0.86; \
+		mkdir -p /cache/results; \
+		PYTHONPATH=/tmp/cv torchlab bench-resize --pillow-simd /tmp/simd --out-dir /cache/results; \
+		chown -R "$$HOST_OWNER" /cache/results'
 
 # What is inside the image, e.g. py310-cu118: the start of its tags and lock file names.
 INSIDE = $(DOCKER_CLI) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \

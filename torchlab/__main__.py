@@ -15,6 +15,7 @@ COMMANDS = {
     "train": ("torchlab.train", [], "train a classifier on --data, resumably (the same as python train.py)"),
     "doctor": ("torchlab.tools.doctor", [], "check the container before a long run: GPUs, data, /dev/shm, CPUs, disk"),
     "bench": ("torchlab.tools.bench", [], "measure the input pipelines on this machine, side by side"),
+    "bench-resize": ("torchlab.tools.bench_resize", [], "time resizing crops to 224 px, and PSNR against Pillow"),
     "prepare": ("torchlab.data.prepared", [], "write a prepared copy of an ImageFolder, which loads faster"),
     "sample-data": ("torchlab.tools.sample_data", [], "write a small four-class ImageFolder to try training on"),
     "autotune": (

@@ -62,9 +62,10 @@ def pink_noise_fields(rng, height, width, scale=1):
     return np.stack(fields, axis=-1)
 
 
-def natural_image(rng):
-    """An HWC uint8 image: a base colour, large 1/f shapes in luminance and colour, and fine 1/f texture."""
-    width, height = image_size(rng)
+def natural_image(rng, size=None):
+    """An HWC uint8 image: a base colour, large 1/f shapes in luminance and colour, and fine 1/f texture;
+    `size` (width, height), or drawn by image_size."""
+    width, height = size or image_size(rng)
     base = rng.uniform(60, 190, size=3)
     pixels = np.broadcast_to(base, (height, width, 3)).astype(np.float32)
     for scale, luminance_amplitude, chroma_amplitude in (
