@@ -48,7 +48,7 @@ STOP_COMMAND = $(strip make stop $(foreach v,IMAGE CONTAINER DOCKER,$(if $(filte
 SUB_MAKE = $(MAKE) --no-print-directory DOCKER=$(DOCKER_CLI) CA_BUNDLE=$(CA_BUNDLE_FILE)
 
 .DEFAULT_GOAL := help
-.PHONY: help build base-debian image run stop compose-up compose-down multinode bench bench-resize tag push shell test test-static test-unit \
+.PHONY: help build base-debian image run stop compose-up compose-down multinode bench bench-resize gpu-check tag push shell test test-static test-unit \
 	test-image lint export-env clean
 
 help: ## show this help
@@ -126,6 +126,12 @@ bench: ## compare input pipelines (naive, classic, torchlab, prepared) with ceil
 	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --shm-size=2g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
 		-v $(CURDIR)/.cache/bench:/cache --entrypoint torchlab $(IMAGE) \
 		bench --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
+
+gpu-check: image ## on a GPU host, ~5 min, never in CI: --decode cpu vs gpu (decode, ResNet-50 AMP), PSNR; .cache/gpu-check/results
+	mkdir -p .cache/gpu-check
+	$(DOCKER_CLI) run --rm --gpus all --user $$(id -u):$$(id -g) --shm-size=8g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
+		-v $(CURDIR)/.cache/gpu-check:/cache --entrypoint torchlab $(IMAGE) \
+		gpu-check --cache-dir /cache --out-dir /cache/results
 
 # As root in a throwaway container, nothing of it in the image: Debian's compiler and headers, Pillow-SIMD built
 # from source for the image's Pillow release (it replaces PIL, so only on the child's PYTHONPATH) and OpenCV

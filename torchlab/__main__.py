@@ -16,6 +16,7 @@ COMMANDS = {
     "doctor": ("torchlab.tools.doctor", [], "check the container before a long run: GPUs, data, /dev/shm, CPUs, disk"),
     "bench": ("torchlab.tools.bench", [], "measure the input pipelines on this machine, side by side"),
     "bench-resize": ("torchlab.tools.bench_resize", [], "time resizing crops to 224 px, and PSNR against Pillow"),
+    "gpu-check": ("torchlab.tools.gpu_check", [], "what --decode gpu gives on this GPU: decode, training, PSNR"),
     "prepare": ("torchlab.data.prepared", [], "write a prepared copy of an ImageFolder, which loads faster"),
     "sample-data": ("torchlab.tools.sample_data", [], "write a small four-class ImageFolder to try training on"),
     "autotune": (

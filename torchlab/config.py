@@ -16,6 +16,7 @@ import shutil
 import torch
 
 from torchlab import checkpoint, io, loader, model
+from torchlab.data import device_decode
 from torchlab.tools import autotune
 
 PROG = "train.py"
@@ -105,6 +106,11 @@ class TrainConfig:
                                 positive_int)  # fmt: skip
     jpeg_draft: bool = flag(None, "data loading", "decode JPEGs at 1/2, 1/4 or 1/8 scale when the crop allows "
                             "(default: on, or what --autotune saved, with --workers auto)", switch=True)  # fmt: skip
+    decode: str = flag("auto", "data loading", "where images are decoded: cpu, in the loader workers; gpu, on the "
+                       "CUDA device with nvJPEG (the workers only read the files; the GPU decodes, crops, resizes and "
+                       "normalises each batch; files it cannot decode fall back to the CPU); auto: what --autotune "
+                       "saved, else gpu on CUDA when most images are JPEGs (default: auto)",
+                       choices=device_decode.DECODERS)  # fmt: skip
     persistent_workers: bool = flag(True, "data loading", "keep the workers alive between epochs (default: on)",
                                     switch=True)  # fmt: skip
     pin_memory: bool = flag(None, "data loading", "page-locked batches for asynchronous copies to the GPU "
@@ -300,9 +306,13 @@ def resolve(flags, processes):
     device = resolve_device(flags.device, processes)
     on_cuda = device.startswith("cuda")
     key = autotune.setting_key(flags.data, flags.image_size, flags.batch_size, device, processes.local_world_size)
+    if flags.decode == "gpu" and not on_cuda:
+        reason = "--device cpu" if flags.device == "cpu" else "no CUDA device is visible: docker run --gpus all ...?"
+        raise ConfigError(f"--decode gpu: needs a CUDA device, and this run is on the CPU ({reason}); "
+                          "use --decode cpu or auto")  # fmt: skip
     choice = autotune.resolve_loader(
-        flags.workers, flags.prefetch_factor, flags.jpeg_draft, None if flags.autotune else flags.autotune_file, key,
-        processes.local_world_size,
+        flags.workers, flags.prefetch_factor, flags.jpeg_draft, flags.decode,
+        None if flags.autotune else flags.autotune_file, key, processes.local_world_size,
     )  # fmt: skip
     amp = flags.amp if on_cuda else "off"
     if amp == "auto":
@@ -312,6 +322,12 @@ def resolve(flags, processes):
         lr = (0.1 if flags.optimizer == "sgd" else 0.001) * flags.batch_size * processes.world_size / 256
     return dataclasses.replace(
         flags, device=device, resume_path=resolve_resume(flags.resume, flags.run_dir), workers=choice.workers,
-        prefetch_factor=choice.prefetch_factor, jpeg_draft=choice.jpeg_draft, autotuned=choice.autotuned,
+        prefetch_factor=choice.prefetch_factor, jpeg_draft=choice.jpeg_draft, decode=choice.decode,
+        autotuned=choice.autotuned,
         pin_memory=on_cuda if flags.pin_memory is None else flags.pin_memory, lr=lr, amp=amp,
     )  # fmt: skip
+
+
+def resolve_decoder(cfg, index):
+    """The TrainConfig with --decode auto resolved, once the data index is known (after resolve())."""
+    return dataclasses.replace(cfg, decode=device_decode.resolve_decoder(cfg.decode, cfg.device, index))

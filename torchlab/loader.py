@@ -117,6 +117,14 @@ def batch_bytes(batch_size, image_size):
     return batch_size * image_size * image_size * IMAGE_CHANNELS
 
 
+def dataset_batch_bytes(dataset, batch_size):
+    """Bytes of one of `dataset`'s batches in /dev/shm: uint8 pixels, or what a dataset whose batches are not
+    decoded pixels (device_decode.EncodedImageDataset, which also brings its own collate) says."""
+    if hasattr(dataset, "batch_bytes"):
+        return dataset.batch_bytes(batch_size)
+    return batch_bytes(batch_size, dataset.image_size)
+
+
 def shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes_on_machine=1):
     """/dev/shm bytes that the loaders' batches take at most: those in flight and those each main process holds."""
     per_process = (workers * prefetch_factor + BATCHES_HELD_BY_MAIN) * one_batch_bytes if workers > 0 else 0
@@ -192,14 +200,14 @@ def build_loader(dataset, settings, device, train, rank=0, world_size=1):
     each pass. Before starting workers it fits them to /dev/shm (fitted_workers): a worker would otherwise die
     of a bus error mid-epoch.
     """
-    workers, prefetch_factor = fitted_workers(settings, batch_bytes(settings.batch_size, dataset.image_size), rank)
+    workers, prefetch_factor = fitted_workers(settings, dataset_batch_bytes(dataset, settings.batch_size), rank)
     pin_memory = device.type == "cuda" if settings.pin_memory is None else settings.pin_memory
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=settings.batch_size,
         sampler=sampler.EpochSampler(len(dataset), train, settings.seed, rank, world_size),
         num_workers=workers,
-        collate_fn=collate_uint8,
+        collate_fn=getattr(dataset, "collate", collate_uint8),
         pin_memory=pin_memory,
         drop_last=train,
         worker_init_fn=init_worker,
@@ -245,6 +253,11 @@ class BatchToDevice:
         # NHWC seen as NCHW is exactly channels_last; .float() keeps that memory format.
         images = images.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
         return images.sub_(self.mean).div_(self.std), labels
+
+    def take_unreadable(self):
+        """Positions of samples this step found unreadable since the last call: none here (the workers find
+        them); data.device_decode.DeviceDecoder, which decodes, can find some."""
+        return []
 
 
 @dataclasses.dataclass

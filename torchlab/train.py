@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from torchlab import config, distributed, io, loader, metrics, model, optim
 from torchlab.checkpoint import CheckpointManager, CheckpointWriteError, Position
-from torchlab.data import decode, folder, splits
+from torchlab.data import decode, device_decode, folder, splits
 from torchlab.tools import autotune
 
 BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the log and in the error when there are too many
@@ -116,7 +116,7 @@ class Training:
     scaler: torch.amp.GradScaler
     criterion: torch.nn.Module
     autocast: functools.partial
-    to_device: loader.BatchToDevice
+    to_device: loader.BatchToDevice  # or its subclass device_decode.DeviceDecoder, with --decode gpu
 
     def components(self):
         """What a checkpoint holds of the training, by name."""
@@ -140,12 +140,14 @@ def build_training(cfg, network, steps_per_epoch, device, processes):
         scheduler=scheduler, scaler=torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
         criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
         autocast=functools.partial(torch.autocast, device.type, dtype=amp_dtype, enabled=amp_dtype is not None),
-        to_device=loader.BatchToDevice(device),
+        to_device=device_decode.make_device_step(cfg.decode, device, cfg.image_size),
     )  # fmt: skip
 
 
 def train_step(training, host_images, host_labels, meters):
     images, labels = training.to_device(host_images, host_labels)
+    if len(labels) == 0:  # every sample of the batch proved unreadable on the device
+        return
     with training.autocast():
         logits = training.train_model(images)
         loss = training.criterion(logits, labels)
@@ -171,13 +173,16 @@ def train_one_epoch(training, train_loader, position, run):
     epoch_meter, interval_meter = metrics.Meter(device), metrics.Meter(device)
     tick = time.perf_counter()
     for host_images, host_labels, unreadable in train_loader:
-        for meter in (epoch_meter, interval_meter):
-            meter.add_batch(time.perf_counter() - tick, len(unreadable))
-        run.bad_images.add(unreadable.tolist())
+        waited = time.perf_counter() - tick
         # A batch of unreadable images only is skipped (under torchrun the other processes would then
         # wait for its gradients: with shuffled data and --max-bad-images that stays theoretical).
         if len(host_labels) > 0:
             train_step(training, host_images, host_labels, (epoch_meter, interval_meter))
+        # The workers' unreadable images, and those the device step could not decode (--decode gpu).
+        bad = unreadable.tolist() + training.to_device.take_unreadable()
+        for meter in (epoch_meter, interval_meter):
+            meter.add_batch(waited, len(bad))
+        run.bad_images.add(bad)
         training.scheduler.step()
         position.step_in_epoch += 1
         position.global_step += 1
@@ -200,9 +205,9 @@ def evaluate(training, val_loader, processes):
     training.forward_model.eval()
     meter = metrics.Meter(training.to_device.device)
     for host_images, host_labels, unreadable in val_loader:
-        meter.add_batch(0.0, len(unreadable))
-        if len(host_labels) > 0:
-            images, labels = training.to_device(host_images, host_labels)
+        images, labels = training.to_device(host_images, host_labels)
+        meter.add_batch(0.0, len(unreadable) + len(training.to_device.take_unreadable()))
+        if len(labels) > 0:
             with training.autocast():
                 logits = training.forward_model(images)
                 loss = training.criterion(logits, labels)
@@ -269,14 +274,14 @@ def fit(cfg, network, train_loader, val_loader, device, processes, log, stop):
 
 def measure_loader(train_loader, cfg, device, processes, log, stop):
     """--loader-only: one epoch of batches, decoded, copied and normalised as in training, with no model."""
-    timing = loader.timed_pass(
-        train_loader, loader.BatchToDevice(device), device, lambda t: should_stop(stop, t.batches, cfg, processes)
-    )
+    to_device = device_decode.make_device_step(cfg.decode, device, cfg.image_size)
+    timing = loader.timed_pass(train_loader, to_device, device, lambda t: should_stop(stop, t.batches, cfg, processes))
     images = int(distributed.sum_over_processes(torch.tensor([timing.images], device=device), processes).item())
     rate = images / timing.seconds
-    record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images, "workers": cfg.workers}
+    record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images, "workers": cfg.workers,
+              "decode": cfg.decode}  # fmt: skip
     log.write({**record, "images_per_sec": rate})
-    log.print(f"loader-only: {rate:.1f} images/s over {images} images ({cfg.workers} workers)")
+    log.print(f"loader-only: {rate:.1f} images/s over {images} images ({cfg.workers} workers, --decode {cfg.decode})")
 
 
 def open_run_dir(cfg, processes, class_names):
@@ -313,7 +318,7 @@ def checked_inputs(cfg, processes):
 
 
 def make_dataset(cfg, index, train):
-    return decode.ImageDataset(index, cfg.image_size, train=train, seed=cfg.seed, draft=cfg.jpeg_draft)
+    return device_decode.make_dataset(cfg.decode, index, cfg.image_size, train, cfg.seed, cfg.jpeg_draft)
 
 
 def make_loaders(cfg, train_index, val_index, device, processes):
@@ -348,8 +353,9 @@ def main(argv=None, prog=config.PROG):
             if processes.world_size > 1:
                 raise config.ConfigError("--autotune: run it in one process, without torchrun")
             key = autotune.setting_key(cfg.data, cfg.image_size, cfg.batch_size, cfg.device, processes.local_world_size)
-            autotune.tune(make_dataset(cfg, train_index, train=True), cfg, device, key)
+            autotune.tune(train_index, cfg, device, key)
             return
+        cfg = config.resolve_decoder(cfg, train_index)
         train_loader, val_loader = make_loaders(cfg, train_index, val_index, device, processes)
     except (config.ConfigError, folder.DataError, model.WeightsError, loader.SharedMemoryError) as error:
         io.exit_with_error(prog, error)
@@ -359,7 +365,7 @@ def main(argv=None, prog=config.PROG):
     log.print(
         f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
         f"{cfg.arch} on {device} x {processes.world_size}; {cfg.workers} loader workers"
-        f"{' (autotuned)' if cfg.autotuned else ''}; run dir {cfg.run_dir}"
+        f"{' (autotuned)' if cfg.autotuned else ''}, decoding on the {cfg.decode}; run dir {cfg.run_dir}"
     )
     try:
         if cfg.loader_only:

@@ -69,21 +69,22 @@ def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)  # candidates: 1, 2 and 3 workers
     monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (64 * MB, (2 * 4 + 2) * batch))
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
-    dataset = decode.ImageDataset(train_index, image_size=32, train=True, seed=0)
     key = autotune.setting_key(flags.data, flags.image_size, flags.batch_size, flags.device, 1)
 
-    best = autotune.tune(dataset, flags, torch.device("cpu"), key)
+    best = autotune.tune(train_index, flags, torch.device("cpu"), key)
 
     table = capsys.readouterr().out
-    assert "3        8     on  skipped: /dev/shm too small" in table
+    assert "    cpu        3        8     on  skipped: /dev/shm too small" in table
+    assert best["decode"] == "cpu" and "    gpu " not in table  # no CUDA: only the CPU decoder is tried
     assert best["workers"] * best["prefetch_factor"] <= 2 * 4
     saved = autotune.saved_setting(str(settings_file), key)
     assert {name: saved[name] for name in best} == best
     later = resolved(argv)
-    assert (later.workers, later.prefetch_factor, later.jpeg_draft, later.autotuned) == (
+    assert (later.workers, later.prefetch_factor, later.jpeg_draft, later.decode, later.autotuned) == (
         best["workers"],
         best["prefetch_factor"],
         best["jpeg_draft"],
+        best["decode"],
         True,
     )
     explicit = resolved([*argv, "--workers", "1"])

@@ -34,6 +34,8 @@ def make_layout(root, layout):
         ((), ("--val-fraction", "1"), "argument --val-fraction: expected a number >= 0 and < 1"),
         ((), ("--lr", "nan"), "argument --lr: expected a number > 0"),
         ((), ("--amp", "fp8"), "argument --amp: invalid choice"),
+        ((), ("--decode", "nvjpeg"), "argument --decode: invalid choice: 'nvjpeg' (choose from 'auto', 'cpu', 'gpu')"),
+        ((), ("--decode", "gpu"), "--decode gpu: needs a CUDA device, and this run is on the CPU (--device cpu)"),
         ((), ("--no-such-flag",), "unrecognized arguments: --no-such-flag"),
         ((), ("--arch", "resnet_nonexistent"), "--arch resnet_nonexistent: not a torchvision classification model"),
         ((), ("--weights", "missing.pth"), "--weights missing.pth: no such file"),

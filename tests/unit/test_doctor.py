@@ -207,6 +207,32 @@ def test_each_gpu_multiplies_correctly():
     assert all(check.facts["matmul_error"] < doctor.MATMUL_TOLERANCE for check in checks)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is visible: the decoder may be the GPU")
+def test_the_decoder_row_says_where_train_py_decodes(sample_set, tmp_path):
+    report = doctor.run_checks(str(sample_set), workers=2, run_dir=str(tmp_path / "run"), autotune_file=os.devnull)
+    decoder = next(check for check in report if check.name == "decoder")
+    assert (decoder.status, decoder.facts["decode"]) == (doctor.OK, "cpu")
+    assert decoder.detail == "cpu: the 2 loader workers decode: no CUDA device"
+
+    asked_gpu = doctor.run_checks(str(sample_set), run_dir=str(tmp_path / "run"), decoder="gpu")
+    decoder = next(check for check in asked_gpu if check.name == "decoder")
+    assert decoder.status == doctor.FAIL and "--decode gpu, but no CUDA device is visible" in decoder.detail
+    assert "--gpus all" in decoder.fix and "--decode cpu" in decoder.fix
+    result = run_doctor("--data", sample_set, "--run-dir", tmp_path / "run", "--decode", "gpu")
+    assert result.returncode == 1 and "fail  decoder" in result.stdout
+
+
+def test_nvjpeg_check_compares_with_the_cpu_decode():
+    """On the CPU both decodes are libjpeg-turbo's: they agree. A GPU's nvJPEG is checked by the gpu test."""
+    assert doctor.nvjpeg_error(torch.device("cpu")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
+def test_nvjpeg_decodes_as_the_cpu_does():
+    assert doctor.nvjpeg_error(torch.device("cuda:0")) is None
+
+
 # ---------------------------------------------------------------- the report and the command
 def test_report_status_exit_code_and_html():
     report = doctor.Report(
@@ -228,7 +254,7 @@ def test_run_checks_takes_train_py_defaults(tmp_path):
     report = doctor.run_checks(data_dir=str(tmp_path / "missing"), run_dir=str(tmp_path / "run"))
     names = [check.name for check in report]
     assert names[:4] == ["python", "torch", "torchvision", "torchaudio"]
-    assert {"data", "shared memory", "cpus", "run dir"} <= set(names)
+    assert {"data", "shared memory", "cpus", "decoder", "run dir"} <= set(names)
     shm = next(check for check in report if check.name == "shared memory")
     assert shm.facts["workers"] == loader.auto_worker_count(1)
     # train.py's prefetch 4, batch 64, and the two batches its main process holds

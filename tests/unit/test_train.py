@@ -164,7 +164,8 @@ def test_loader_only_reports_images_per_second(sample_set, tmp_path):
     result = run_train("--data", sample_set, "--run-dir", run_dir, "--loader-only", "--workers", "2", *QUICK_RUN)
 
     assert result.returncode == 0, result.stderr
-    assert re.search(r"^loader-only: \d+\.\d images/s over 96 images \(2 workers\)$", result.stdout, re.MULTILINE)
+    line = r"^loader-only: \d+\.\d images/s over 96 images \(2 workers, --decode cpu\)$"
+    assert re.search(line, result.stdout, re.MULTILINE)
     (record,) = read_metrics(run_dir, "loader_only")
     assert record["images"] == 96 and record["images_per_sec"] > 0
     assert not [name for name in os.listdir(run_dir) if name.startswith("checkpoint-")]

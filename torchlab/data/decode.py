@@ -179,15 +179,19 @@ class ImageDataset(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.index)
 
+    def augmentation(self, position, epoch):
+        """(flip, choose_box) of a sample: drawn from its own generator in training, the centre box in validation.
+        choose_box(width, height) is to be called once, with the image's full-size dimensions."""
+        if not self.train:
+            return False, center_crop_box
+        rng = random.Random(f"{self.seed}/{epoch}/{position}")
+        flip = rng.random() < 0.5
+        return flip, functools.partial(random_resized_crop_box, rng=rng)
+
     def __getitem__(self, key):
         position, epoch = key
         label = int(self.index.labels[position])
-        if self.train:
-            rng = random.Random(f"{self.seed}/{epoch}/{position}")
-            flip = rng.random() < 0.5
-            choose_box = functools.partial(random_resized_crop_box, rng=rng)
-        else:
-            flip, choose_box = False, center_crop_box
+        flip, choose_box = self.augmentation(position, epoch)
         try:
             pixels = load_crop(self.index.source(position), choose_box, self.image_size, flip, self.draft)
         except UNREADABLE_IMAGE_ERRORS:

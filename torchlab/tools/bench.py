@@ -9,6 +9,8 @@ over --repetitions after a warm-up pass:
   torchlab           train.py's default pipeline, as --loader-only runs it (decode.ImageDataset,
                      loader.build_loader, loader.BatchToDevice)
   torchlab-prepared  the same on a prepared copy (torchlab prepare) of the files
+  torchlab-gpu-decode  where CUDA is present: torchlab with --decode gpu (the workers read the files; the GPU
+                     decodes, crops, resizes and normalises each batch: its device step)
 
 and two ceilings: decode-only (every file decoded at full size, no augmentation, one process per usable CPU)
 and transport (ready-made uint8 samples through train.py's DataLoader settings, no device step). The
@@ -43,7 +45,7 @@ from PIL import Image
 from torchvision import transforms
 
 from torchlab import config, io, loader
-from torchlab.data import decode, folder, prepared, sampler, splits
+from torchlab.data import device_decode, folder, prepared, sampler, splits
 from torchlab.tools import autotune, bench_data
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
@@ -56,6 +58,7 @@ MAIN_PROCESS_STAGES = ("transfer", "device step")
 # The same loader with no device step: batches ready for the device, the CPU's share (on a GPU host the
 # device step leaves the CPU, so this is the figure that matters there).
 READY_SUFFIX = ":ready"
+GPU_DECODE = "torchlab-gpu-decode"  # a row only where CUDA is present
 
 
 def naive_transform(image_size):
@@ -103,20 +106,20 @@ def torchvision_pipeline(name, train_root, batch_size, device, workers):
 def torchlab_settings(batch_size):
     """train.py's defaults, resolved as train.py resolves them (--workers auto with no saved autotune setting),
     but for batch_size: (LoaderSettings, image size, JPEG draft)."""
-    choice = autotune.resolve_loader("auto", None, None, None, None, processes_on_machine=1)
+    choice = autotune.resolve_loader("auto", None, None, "auto", None, None, processes_on_machine=1)
     flags = dataclasses.replace(
         config.DEFAULTS, batch_size=batch_size, workers=choice.workers, prefetch_factor=choice.prefetch_factor
     )
     return flags.loader_settings(), flags.image_size, choice.jpeg_draft
 
 
-def torchlab_pipeline(name, data_root, batch_size, device):
-    """train.py's training loader, built by the same calls as train.py makes."""
+def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu"):
+    """train.py's training loader with --decode `decoder`, built by the same calls as train.py makes."""
     settings, image_size, jpeg_draft = torchlab_settings(batch_size)
     _, train_index, _ = splits.load_splits(data_root, config.DEFAULTS.val_fraction, settings.seed)
-    dataset = decode.ImageDataset(train_index, image_size, train=True, seed=settings.seed, draft=jpeg_draft)
+    dataset = device_decode.make_dataset(decoder, train_index, image_size, True, settings.seed, jpeg_draft)
     data_loader = loader.build_loader(dataset, settings, device, train=True)
-    return Pipeline(name, data_loader, loader.BatchToDevice(device), settings.workers)
+    return Pipeline(name, data_loader, device_decode.make_device_step(decoder, device, image_size), settings.workers)
 
 
 def measure_pass(pipeline, epoch, device, consumer_seconds=0.0):
@@ -204,20 +207,22 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
     result = {}
     for name in ("naive", "classic"):
         result[name] = {"ms_per_image": torchvision_stages, "workers": pipelines[name].workers}
-    for name, index in (("torchlab", train_index), ("torchlab-prepared", prepared_index)):
+    indexes = {"torchlab": train_index, "torchlab-prepared": prepared_index, GPU_DECODE: train_index}
+    for name, index in ((name, index) for name, index in indexes.items() if name in pipelines):
         dataset = pipelines[name].loader.dataset
+        collate = getattr(dataset, "collate", loader.collate_uint8)
         keys = [(position, 0) for position in range(min(STAGE_SAMPLES, len(index)))]
-        fused, samples = seconds_per_item(dataset.__getitem__, keys)
-        uint8_batch = samples[:batch_size]
-        collate_uint8, (images,) = seconds_per_item(lambda samples: loader.collate_uint8(samples)[0], [uint8_batch])
-        device_step, _ = seconds_per_item(
-            lambda batch, to_device=pipelines[name].to_device: to_device(batch, torch.zeros(len(batch))), [images] * 4
-        )
+        worker_seconds, samples = seconds_per_item(dataset.__getitem__, keys)
+        samples = samples[:batch_size]
+        collate_seconds, ((batch, labels, _),) = seconds_per_item(collate, [samples])
+        step = pipelines[name].to_device
+        device_step, _ = seconds_per_item(lambda batch, step=step, labels=labels: step(batch, labels), [batch] * 4)
+        worker_stage = "read file + augmentation draw" if name == GPU_DECODE else "decode+augmentation (fused)"
         stages = {
-            "decode+augmentation (fused)": fused,
-            "collate": collate_uint8 / len(uint8_batch),
+            worker_stage: worker_seconds,
+            "collate": collate_seconds / len(samples),
             "transfer": 1 / transport_rates["uint8"],
-            "device step": device_step / len(images),
+            "device step": device_step / len(samples),
         }
         result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
     for timing in result.values():
@@ -400,6 +405,8 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
         "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device),
         "torchlab-prepared": torchlab_pipeline("torchlab-prepared", prepared_root, batch_size, device),
     }
+    if device.type == "cuda":  # --decode gpu: the workers read files, the GPU decodes
+        pipelines[GPU_DECODE] = torchlab_pipeline(GPU_DECODE, data_root, batch_size, device, decoder="gpu")
     length = len(pipelines["torchlab"].loader.dataset)
     transport = transport_pipeline(length, batch_size, device)
     float_transport = Pipeline(
@@ -417,7 +424,8 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
         f"{name}{READY_SUFFIX}": Pipeline(
             f"{name}{READY_SUFFIX}", pipelines[name].loader, keep_on_host, transport.workers
         )
-        for name in ("torchlab", "torchlab-prepared")
+        for name in ("torchlab", "torchlab-prepared", GPU_DECODE)
+        if name in pipelines
     }
     return pipelines, {"transport": transport, "transport-float": float_transport, **ready}
 

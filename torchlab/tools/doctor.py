@@ -15,11 +15,15 @@ import shutil
 import subprocess
 import sys
 import time
+from io import BytesIO
 
+import numpy as np
 import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
 
 from torchlab import config, io, loader
-from torchlab.data import folder, splits
+from torchlab.data import device_decode, folder, splits
 from torchlab.tools import autotune
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -39,6 +43,7 @@ MATMUL_REPEATS = 10
 MATMUL_TOLERANCE = 1e-2  # relative to the largest entry; TF32 lands near 1e-3, fp32 near 1e-6
 CLASS_NAMES_SHOWN = 5
 ENV_SPEC = "/opt/torchlab/environment.yml"  # the image's pins (the repository's environment.yml)
+DEVICE_DECODE_TOLERANCE = 3.0  # mean levels between nvJPEG's and libjpeg-turbo's decode of the test image
 GPUS_FIX = "start the container with --gpus all (the host needs the NVIDIA driver and the NVIDIA Container Toolkit)"
 
 
@@ -421,17 +426,59 @@ def check_run_dir(run_dir, fail_below=RUN_DIR_FAIL_BYTES, warn_below=RUN_DIR_WAR
     return Check(name, OK, detail, facts=facts)
 
 
+def nvjpeg_error(device):
+    """Why the device cannot decode a JPEG as the CPU does (None when it can): a small test image decoded both
+    ways must agree within DEVICE_DECODE_TOLERANCE levels on average."""
+    gradient = np.linspace(0, 255, 64 * 48 * 3).astype(np.uint8).reshape(48, 64, 3)
+    encoded = BytesIO()
+    Image.fromarray(gradient).save(encoded, "JPEG", quality=90)
+    data = torch.frombuffer(bytearray(encoded.getvalue()), dtype=torch.uint8)
+    try:
+        on_device = decode_jpeg(data, mode=ImageReadMode.RGB, device=device).cpu()
+    except RuntimeError as error:
+        return str(error).splitlines()[0]
+    difference = (on_device.float() - decode_jpeg(data, mode=ImageReadMode.RGB).float()).abs().mean().item()
+    return None if difference <= DEVICE_DECODE_TOLERANCE else f"its pixels differ by {difference:.1f} levels on average"
+
+
+def check_decoder(decoder, workers, data_dir, val_fraction, seed, autotuned):
+    """Where train.py will decode images (--decode as train.py resolves it: device_decode.resolve_decoder), and
+    for gpu whether nvJPEG works on this GPU."""
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    facts = {"decode": decoder, "autotuned": autotuned}
+    if decoder == "gpu" and device == "cpu":
+        return Check("decoder", FAIL, "--decode gpu, but no CUDA device is visible: train.py stops",
+                     fix=f"{GPUS_FIX}, or use --decode cpu or auto", facts=facts)  # fmt: skip
+    if decoder == "auto":  # only needs the data index on CUDA: elsewhere it is cpu
+        try:
+            index = splits.load_splits(data_dir, val_fraction, seed)[1] if device != "cpu" else []
+        except (folder.DataError, OSError):
+            index = []
+        decoder = facts["decode"] = device_decode.resolve_decoder(decoder, device, index)
+    how = " (autotuned)" if autotuned else ""
+    if decoder == "cpu":
+        why = ": no CUDA device" if device == "cpu" else ""
+        return Check("decoder", OK, f"cpu{how}: the {workers} loader workers decode{why}", facts=facts)
+    error = nvjpeg_error(torch.device(device))
+    detail = f"gpu{how}: nvJPEG on {device} decodes each batch; the {workers} loader workers read the files"
+    if error is not None:
+        fix = "train with --decode cpu (the workers decode), and check the GPU and driver on the host"
+        return Check("decoder", FAIL, f"{detail}, but it fails here: {error}", fix=fix, facts=facts)
+    return Check("decoder", OK, detail, facts=facts)
+
+
 # ---------------------------------------------------------------- all of it
-def loader_choice(data_dir, workers, prefetch_factor, batch_size, image_size, processes, autotune_file):
-    """--workers and --prefetch-factor as train.py resolves them on this machine (autotune.resolve_loader)."""
+def loader_choice(data_dir, workers, prefetch_factor, decoder, batch_size, image_size, processes, autotune_file):
+    """--workers, --prefetch-factor and --decode as train.py resolves them on this machine
+    (autotune.resolve_loader; --decode may stay auto, for check_decoder)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     key = autotune.setting_key(data_dir, image_size, batch_size, device, processes)
-    return autotune.resolve_loader(workers, prefetch_factor, None, autotune_file, key, processes)
+    return autotune.resolve_loader(workers, prefetch_factor, None, decoder, autotune_file, key, processes)
 
 
 def run_checks(
     data_dir=None, workers=None, batch_size=None, prefetch_factor=None, image_size=None, run_dir=None, processes=1,
-    autotune_file=None,
+    autotune_file=None, decoder=None,
 ):  # fmt: skip
     """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults; --workers auto
     and --prefetch-factor resolve as train.py resolves them, with what --autotune saved in autotune_file."""
@@ -439,8 +486,8 @@ def run_checks(
     data_dir, batch_size = data_dir or defaults.data, batch_size or defaults.batch_size
     image_size, run_dir = image_size or defaults.image_size, run_dir or defaults.run_dir
     choice = loader_choice(
-        data_dir, defaults.workers if workers is None else workers, prefetch_factor, batch_size, image_size, processes,
-        autotune_file or defaults.autotune_file,
+        data_dir, defaults.workers if workers is None else workers, prefetch_factor, decoder or defaults.decode,
+        batch_size, image_size, processes, autotune_file or defaults.autotune_file,
     )  # fmt: skip
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
     report.extend(check_gpus())
@@ -448,6 +495,9 @@ def run_checks(
     shm = loader.shared_memory_bytes()
     report.append(check_shared_memory(shm, choice.workers, choice.prefetch_factor, batch_size, image_size, processes))
     report.append(check_cpus(choice.workers, processes))
+    report.append(
+        check_decoder(choice.decode, choice.workers, data_dir, defaults.val_fraction, defaults.seed, choice.autotuned)
+    )
     report.append(check_run_dir(run_dir))
     return report
 
@@ -500,6 +550,10 @@ def build_parser(prog="torchlab doctor"):
         "--autotune-file", default=defaults.autotune_file, help="what --autotune saved, read for --workers auto "
         "(default: %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--decode", choices=device_decode.DECODERS, default=defaults.decode,
+        help="as train.py's --decode; auto reads --autotune-file as train.py does (default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for tools")
     return parser
 
@@ -508,7 +562,7 @@ def main(argv=None, prog="torchlab doctor"):
     args = build_parser(prog).parse_args(argv)
     report = run_checks(
         args.data, args.workers, args.batch_size, args.prefetch_factor, args.image_size, args.run_dir, args.processes,
-        args.autotune_file,
+        args.autotune_file, args.decode,
     )  # fmt: skip
     print(report.as_json() if args.json else report.as_text())
     sys.exit(report.exit_code)

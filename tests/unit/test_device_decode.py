@@ -1,0 +1,191 @@
+"""--decode gpu's pipeline (data.device_decode), run on the CPU: the workers send encoded files and the
+augmentation drawn for them, DeviceDecoder decodes (torchvision's decode_jpeg, here its CPU decoder; on a GPU
+nvJPEG, which `make gpu-check` measures), crops, resizes, flips and normalises. It must give what --decode cpu
+gives for the same (seed, epoch, position), fall back to the CPU for files the device does not decode, and
+report the files nothing decodes."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import run_train
+from torchlab import config, distributed, loader
+from torchlab.data import decode, device_decode, folder, prepared, splits
+
+CPU = torch.device("cpu")
+SIZE = 64
+# Pixel levels (0-255) between the two paths: both decode with libjpeg-turbo at full size and resize with the
+# same antialiased filter; the CPU path rounds to uint8 after resizing, the device path does not.
+LEVELS = 1.5
+
+
+def levels(normalised):
+    """Normalised NCHW images back to 0-255 levels, for comparing paths."""
+    std = torch.tensor(loader.IMAGENET_STD).view(1, 3, 1, 1) * 255
+    mean = torch.tensor(loader.IMAGENET_MEAN).view(1, 3, 1, 1) * 255
+    return normalised * std + mean
+
+
+def batches(dataset, step, workers, epoch, batch_size=8):
+    settings = loader.LoaderSettings(batch_size=batch_size, workers=workers, prefetch_factor=2, pin_memory=False)
+    train_loader = loader.build_loader(dataset, settings, CPU, train=dataset.train)
+    train_loader.sampler.set_epoch(epoch)
+    result = []
+    for host_images, host_labels, unreadable in train_loader:
+        normalised, labels = step(host_images, host_labels)
+        result.append((levels(normalised.clone()), labels, unreadable.tolist() + step.take_unreadable()))
+    return result
+
+
+def both_paths(index, train, epoch, workers=0):
+    cpu = decode.ImageDataset(index, SIZE, train=train, seed=3, draft=False)
+    encoded = device_decode.EncodedImageDataset(index, SIZE, train=train, seed=3, draft=False)
+    return (
+        batches(cpu, loader.BatchToDevice(CPU), 0, epoch),
+        batches(encoded, device_decode.DeviceDecoder(CPU, SIZE), workers, epoch),
+    )
+
+
+@pytest.mark.parametrize(("train", "epoch", "workers"), [(True, 0, 0), (True, 5, 2), (False, 0, 2)])
+def test_the_device_path_gives_the_cpu_paths_crops_and_flips(sample_set, train, epoch, workers):
+    _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    index = train_index.subset(np.arange(32))
+    on_cpu, on_device = both_paths(index, train, epoch, workers)
+
+    assert len(on_cpu) == len(on_device) == 4
+    for (cpu_images, cpu_labels, _), (device_images, device_labels, bad) in zip(on_cpu, on_device, strict=True):
+        assert device_images.shape == cpu_images.shape == (8, 3, SIZE, SIZE) and bad == []
+        assert device_images.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(cpu_labels, device_labels)
+        assert (device_images - cpu_images).abs().max() <= LEVELS
+    # Another epoch draws other boxes: the comparison above can tell them apart.
+    other_epoch = both_paths(index, train, epoch + 1)[1]
+    if train:
+        assert (other_epoch[0][0] - on_device[0][0]).abs().max() > 50
+
+
+def test_prepared_copies_go_through_the_device_path_too(sample_set, tmp_path):
+    prepared.prepare(str(sample_set), str(tmp_path / "prepared"), short_side=96, processes=1)
+    _, train_index, _ = splits.load_splits(str(tmp_path / "prepared"), 0.1, 0)
+    on_cpu, on_device = both_paths(train_index.subset(np.arange(16)), train=True, epoch=2, workers=2)
+
+    for (cpu_images, _, _), (device_images, _, _) in zip(on_cpu, on_device, strict=True):
+        assert (device_images - cpu_images).abs().max() <= LEVELS
+
+
+def odd_files(root, sample_set):
+    """A class folder of files the device path must not decode itself, and a JPEG whose body is cut off."""
+    source = next(sample_set.rglob("*.JPEG"))
+    with Image.open(source) as opened:
+        image = opened.convert("RGB")
+    kinds = root / "train" / "odd"
+    kinds.mkdir(parents=True)
+    image.save(kinds / "a.png")
+    image.save(kinds / "b.jpg", progressive=True, quality=90)
+    image.convert("CMYK").save(kinds / "c.jpg", quality=90)
+    image.convert("L").save(kinds / "d.jpg", quality=90)
+    (kinds / "e.jpg").write_bytes(source.read_bytes()[:4000])  # a whole header, half a scan: only decoding fails
+    (kinds / "f.jpg").write_bytes(b"not an image")
+    shutil.copytree(source.parent, root / "train" / "plain")
+    return folder.index_image_folder(str(root), 0.0, 0)[1]
+
+
+def test_files_the_device_does_not_decode_fall_back_and_unreadable_ones_are_reported(sample_set, tmp_path):
+    index = odd_files(tmp_path / "data", sample_set)
+    paths = [index.path(position) for position in range(len(index))]
+    encoded = device_decode.EncodedImageDataset(index, SIZE, train=False, seed=0)
+    samples = [encoded[(position, 0)] for position in range(len(index))]
+    by_name = {path.rsplit("/", 1)[1]: sample for path, sample in zip(paths, samples, strict=True)}
+
+    assert by_name["d.jpg"].data is not None  # grey baseline JPEGs: nvJPEG's
+    assert all(by_name[name].pixels is not None for name in ("a.png", "b.jpg", "c.jpg"))  # decoded in the worker
+    assert by_name["e.jpg"].data is not None  # its header reads: the device finds out
+    assert by_name["f.jpg"].data is None and by_name["f.jpg"].pixels is None
+
+    on_cpu, on_device = both_paths(index, train=False, epoch=0)
+    cpu_images = torch.cat([images for images, _, _ in on_cpu])
+    device_images = torch.cat([images for images, _, _ in on_device])
+    bad = sorted(paths[position] for _, _, unreadable in on_device for position in unreadable)
+    assert bad == sorted(str(tmp_path / "data/train/odd" / name) for name in ("e.jpg", "f.jpg"))
+    assert sorted(paths[p] for _, _, unreadable in on_cpu for p in unreadable) == bad
+    assert device_images.shape == cpu_images.shape == (len(index) - 2, 3, SIZE, SIZE)
+    assert (device_images - cpu_images).abs().max() <= LEVELS
+
+
+def test_collate_keeps_each_sample_in_its_slot():
+    pixels = np.full((SIZE, SIZE, 3), 7, dtype=np.uint8)
+    samples = [
+        device_decode.EncodedSample(b"\xff\xd8abc", (0, 0, 5, 5), True, None, 1, 10),
+        device_decode.EncodedSample(None, (), False, None, 2, 11),  # unreadable
+        device_decode.EncodedSample(None, (), False, pixels, 3, 12),
+        device_decode.EncodedSample(b"xy", (1, 2, 3, 4), False, None, 4, 13),
+    ]
+    batch, labels, unreadable = device_decode.EncodedImageDataset.collate(samples)
+
+    assert labels.tolist() == [1, 3, 4] and unreadable.tolist() == [11]
+    assert batch.data.numpy().tobytes() == b"\xff\xd8abcxy" and batch.offsets.tolist() == [0, 5, 7]
+    assert batch.slots.tolist() == [0, 2] and batch.flips.tolist() == [True, False]
+    assert batch.boxes.tolist() == [[0, 0, 5, 5], [1, 2, 3, 4]]
+    assert batch.pixel_slots.tolist() == [1] and torch.equal(batch.pixels[0], torch.from_numpy(pixels))
+    assert batch.positions.tolist() == [10, 12, 13]
+
+
+def test_auto_means_gpu_only_on_cuda_with_jpegs(sample_set, tmp_path):
+    _, jpegs, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    pngs = tmp_path / "pngs" / "train" / "a"
+    pngs.mkdir(parents=True)
+    for number in range(4):
+        Image.new("RGB", (20, 20)).save(pngs / f"{number}.png")
+    png_index = folder.index_image_folder(str(tmp_path / "pngs"), 0.0, 0)[1]
+
+    assert device_decode.resolve_decoder("auto", "cuda:0", jpegs) == "gpu"
+    assert device_decode.resolve_decoder("auto", "cuda:1", png_index) == "cpu"
+    assert device_decode.resolve_decoder("auto", "cpu", jpegs) == "cpu"
+    assert device_decode.resolve_decoder("cpu", "cuda:0", jpegs) == "cpu"
+    assert device_decode.mostly_jpegs(jpegs) and not device_decode.mostly_jpegs(png_index)
+
+
+def test_train_py_decodes_on_the_cpu_without_cuda_and_saves_the_choice(sample_set, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is visible: --decode auto may mean gpu here")
+    run_dir = tmp_path / "run"
+    result = run_train("--data", sample_set, "--run-dir", run_dir, "--loader-only", "--batch-size", "8",
+                       "--workers", "1", "--image-size", "32", timeout=180)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "decoding on the cpu" in result.stdout and "--decode cpu" in result.stdout
+    assert '"decode": "cpu"' in (run_dir / "config.json").read_text()
+
+
+def test_decode_gpu_without_cuda_is_one_line_and_exit_2(sample_set, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is visible here")
+    result = run_train("--data", sample_set, "--run-dir", tmp_path / "run", "--decode", "gpu", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "train.py: error: --decode gpu: needs a CUDA device, and this run is on the CPU (no CUDA device is "
+        "visible: docker run --gpus all ...?); use --decode cpu or auto\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_resolved_decoder_follows_the_flags(sample_set, tmp_path):
+    argv = ["--data", str(sample_set), "--run-dir", str(tmp_path / "run"), "--device", "cpu"]
+    processes = distributed.processes_from_environment()
+    _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    for flags, expected in (([], "cpu"), (["--decode", "cpu"], "cpu")):
+        cfg = config.resolve(config.parse_args([*argv, *flags]), processes)
+        assert cfg.decode == ("auto" if not flags else "cpu")
+        assert config.resolve_decoder(cfg, train_index).decode == expected
+
+
+def test_the_encoded_batch_budget_covers_large_files(sample_set):
+    _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    encoded = device_decode.EncodedImageDataset(train_index, 16, train=True, seed=0)
+    mean_file = np.mean([os.path.getsize(train_index.path(p)) for p in range(min(64, len(train_index)))])
+    assert loader.dataset_batch_bytes(encoded, 8) == 8 * 2 * int(mean_file)  # files larger than 16x16x3 crops
+    small = device_decode.EncodedImageDataset(train_index, 512, train=True, seed=0)
+    assert loader.dataset_batch_bytes(small, 8) == loader.batch_bytes(8, 512)

@@ -1,0 +1,39 @@
+"""torchlab gpu-check: the script `make gpu-check` runs on a GPU host, tried here as a dry run on the CPU (the
+"gpu" decoder then runs torchvision's CPU decoder), so that it does not first break on the GPU machine."""
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from conftest import TRAIN_ENV, torchlab_command
+
+
+def test_the_dry_run_reports_every_figure(tmp_path):
+    out_dir = tmp_path / "out"
+    command = torchlab_command("gpu-check", "--device", "cpu", "--images", 24, "--batch-size", 8, "--steps", 4,
+                               "--arch", "mobilenet_v3_small", "--samples", 8, "--cache-dir", tmp_path / "cache",
+                               "--out-dir", out_dir)  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=TRAIN_ENV, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    report = json.loads((out_dir / "gpu_check.json").read_text())
+    assert set(report["decode"]) == {f"{source} --decode {decoder}" for source in ("raw", "prepared")
+                                     for decoder in ("cpu", "gpu")}  # fmt: skip
+    assert all(rate > 0 for rate in report["decode"].values())
+    assert set(report["training"]) == {"cpu"}  # train.py refuses --decode gpu without CUDA
+    assert report["training"]["cpu"]["images_per_sec"] > 0 and 0 <= report["training"]["cpu"]["data_wait_frac"] < 1
+    # Same boxes and flips: the paths differ only by JPEG draft decoding (CPU) against full-size decoding.
+    assert report["agreement"]["samples"] == 8 and report["agreement"]["min_db"] > 30
+    assert "GPU vs CPU crops: PSNR min" in result.stdout and "the CPU (dry run)" in result.stdout
+
+
+def test_without_cuda_it_says_so_in_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is visible here")
+    result = subprocess.run(torchlab_command("gpu-check"), capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "torchlab gpu-check: error: no CUDA device is visible (docker run --gpus all ...?); --device cpu is a dry run\n"
+    )

@@ -1,0 +1,250 @@
+"""Decoding on the device (--decode gpu): the loader workers only read each file's bytes and draw its
+augmentation; the main process decodes the whole batch on the GPU with nvJPEG (torchvision's batched
+decode_jpeg), then crops, resizes, flips and normalises there.
+
+The crop box and the flip of a sample come from the same generator as on the CPU path (ImageDataset.
+augmentation, seeded by seed, epoch and position), drawn from the image's full-size header: the same boxes
+and flips for the same (seed, epoch, position) whichever path decodes. nvJPEG decodes whole images (torchvision
+offers it no region), so the box is cut from the full decode and resized with the same antialiased bilinear
+filter as the CPU path, in float (no rounding back to uint8 before normalising).
+
+What the device does not decode falls back to the CPU path for that sample: files that are not baseline
+JPEGs in YCbCr, RGB or grey (PNG, progressive, CMYK, ...) are decoded in the worker, as --decode cpu does;
+a file nvJPEG refuses is decoded in the main process by the CPU path; one that neither can read is dropped
+from the batch and reported like any unreadable image (DeviceDecoder.take_unreadable).
+"""
+
+import functools
+import typing
+from io import BytesIO
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from torchlab import loader
+from torchlab.data import decode
+
+DECODERS = ("auto", "cpu", "gpu")
+JPEG_START = b"\xff\xd8\xff"
+SNIFFED_SAMPLES = 32  # files read to decide whether --decode auto means gpu: most of them must be JPEGs
+# /dev/shm per encoded sample: twice the mean file size of the first ones (sizes vary), at least one decoded sample.
+SIZE_SAMPLES = 64
+SIZE_MARGIN = 2
+
+
+def mostly_jpegs(index, count=SNIFFED_SAMPLES):
+    """Whether most of `count` samples spread over `index` (a SampleIndex or PreparedIndex) start as JPEGs do."""
+    if len(index) == 0:
+        return False
+    positions = np.unique(np.linspace(0, len(index) - 1, min(count, len(index))).astype(int))
+    jpegs = 0
+    for position in positions:
+        source = index.source(int(position))
+        try:
+            if hasattr(source, "read"):
+                jpegs += source.read(len(JPEG_START)) == JPEG_START
+            else:
+                with open(source, "rb") as image_file:
+                    jpegs += image_file.read(len(JPEG_START)) == JPEG_START
+        except OSError:
+            continue
+    return jpegs * 2 > len(positions)
+
+
+def resolve_decoder(decoder, device, index):
+    """--decode auto, once the data index is known: gpu on a CUDA `device` when most images of `index` are
+    JPEGs, else cpu; cpu and gpu stay. train.py (config.resolve_decoder) and the doctor decide so."""
+    if decoder != "auto":
+        return decoder
+    return "gpu" if str(device).startswith("cuda") and mostly_jpegs(index) else "cpu"
+
+
+def device_decodable_size(data):
+    """(width, height) of a baseline JPEG in YCbCr, RGB or grey, which nvJPEG decodes as the CPU path does;
+    None for anything else (decoded on the CPU instead)."""
+    if decode.torchlab_jpeg is not None:
+        header = decode.torchlab_jpeg.image_size(data)
+        return header[:2] if header is not None and header[2] else None
+    try:
+        with Image.open(BytesIO(data)) as image:
+            plain = image.format == "JPEG" and image.mode in ("RGB", "L") and not image.info.get("progressive")
+            return image.size if plain else None
+    except decode.UNREADABLE_IMAGE_ERRORS:
+        return None
+
+
+class EncodedSample(typing.NamedTuple):
+    """A worker's sample: the encoded file and its full-size crop box and flip, or CPU-decoded pixels for a
+    file the device does not decode, or neither (unreadable)."""
+
+    data: object  # bytes-like, or None
+    box: tuple
+    flip: bool
+    pixels: np.ndarray  # (size, size, 3) uint8, or None
+    label: int
+    position: int
+
+
+class EncodedBatch(typing.NamedTuple):
+    """A batch as the workers send it: every encoded file in one uint8 tensor (file i is data[offsets[i]:
+    offsets[i + 1]]), its box (full-size pixels), flip and slot in the batch; the CPU-decoded samples'
+    pixels and slots; and each slot's dataset position."""
+
+    data: torch.Tensor
+    offsets: torch.Tensor
+    boxes: torch.Tensor
+    flips: torch.Tensor
+    slots: torch.Tensor
+    pixels: torch.Tensor
+    pixel_slots: torch.Tensor
+    positions: torch.Tensor
+
+
+class EncodedImageDataset(decode.ImageDataset):
+    """ImageDataset's samples, left encoded for DeviceDecoder: same keys, same augmentation draws."""
+
+    def __getitem__(self, key):
+        position, epoch = key
+        label = int(self.index.labels[position])
+        flip, choose_box = self.augmentation(position, epoch)
+        try:
+            data = decode.encoded_bytes(self.index.source(position))
+        except OSError:
+            return EncodedSample(None, (), False, None, label, position)
+        size = device_decodable_size(data)
+        if size is not None:
+            return EncodedSample(data, choose_box(*size), flip, None, label, position)
+        try:
+            pixels = decode.load_crop(BytesIO(data), choose_box, self.image_size, flip, self.draft)
+        except decode.UNREADABLE_IMAGE_ERRORS:
+            return EncodedSample(None, (), False, None, label, position)
+        return EncodedSample(None, (), False, pixels, label, position)
+
+    def batch_bytes(self, batch_size):
+        """/dev/shm bytes of one batch: encoded files are about as large as decoded crops, and vary."""
+        count = min(SIZE_SAMPLES, len(self.index))
+        encoded = [len(decode.encoded_bytes(self.index.source(position))) for position in range(count)]
+        decoded = self.image_size * self.image_size * 3
+        return batch_size * max(decoded, SIZE_MARGIN * int(np.mean(encoded)) if encoded else 0)
+
+    @staticmethod
+    def collate(samples):
+        """(EncodedBatch, labels int64 (N,), unreadable positions): the loader's batch for DeviceDecoder."""
+        readable = [sample for sample in samples if sample.data is not None or sample.pixels is not None]
+        encoded = [(slot, sample) for slot, sample in enumerate(readable) if sample.data is not None]
+        decoded = [(slot, sample) for slot, sample in enumerate(readable) if sample.data is None]
+        lengths = [len(sample.data) for _, sample in encoded]
+        data = np.empty(sum(lengths), dtype=np.uint8)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        for (_, sample), start, end in zip(encoded, offsets[:-1], offsets[1:], strict=True):
+            data[start:end] = np.frombuffer(sample.data, dtype=np.uint8)
+        pixels = [sample.pixels for _, sample in decoded]
+        batch = EncodedBatch(
+            data=torch.from_numpy(data),
+            offsets=torch.from_numpy(offsets),
+            boxes=torch.tensor([sample.box for _, sample in encoded], dtype=torch.float64).view(-1, 4),
+            flips=torch.tensor([sample.flip for _, sample in encoded], dtype=torch.bool),
+            slots=torch.tensor([slot for slot, _ in encoded], dtype=torch.int64),
+            pixels=torch.from_numpy(np.stack(pixels)) if pixels else torch.empty((0, 0, 0, 3), dtype=torch.uint8),
+            pixel_slots=torch.tensor([slot for slot, _ in decoded], dtype=torch.int64),
+            positions=torch.tensor([sample.position for sample in readable], dtype=torch.int64),
+        )
+        labels = torch.tensor([sample.label for sample in readable], dtype=torch.int64)
+        unreadable = [sample.position for sample in samples if sample.data is None and sample.pixels is None]
+        return batch, labels, torch.tensor(unreadable, dtype=torch.int64)
+
+
+def crop_resize_flip(image, box, size, flip):
+    """The box (left, top, right, bottom, full-size pixels) of a decoded CHW uint8 image, resized to size x size
+    as float (CHW) with the CPU path's antialiased bilinear filter, and mirrored when flip is set."""
+    left, top, right, bottom = (round(coordinate) for coordinate in box)
+    crop = image[:, top : top + max(1, bottom - top), left : left + max(1, right - left)]
+    resized = torch.nn.functional.interpolate(
+        crop[None].float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False
+    )[0]
+    return resized.flip(-1) if flip else resized
+
+
+class DeviceDecoder(loader.BatchToDevice):
+    """The device step of --decode gpu: an EncodedBatch and its labels in, (images, labels) out, the images
+    normalised float NCHW in channels_last memory on the device, as BatchToDevice gives them.
+
+    One batched decode_jpeg call decodes every encoded file of the batch on the device; when it fails (a file
+    nvJPEG refuses), each file is decoded alone and the ones that still fail go through the CPU path here.
+    Samples that nothing decodes are dropped, with their labels; take_unreadable() hands their positions to
+    the training loop, which reports them as the workers' unreadable images are.
+    """
+
+    def __init__(self, device, image_size):
+        super().__init__(torch.device(device))
+        self.image_size = image_size
+        self.unreadable = []
+
+    def decode_all(self, files):
+        """Each file decoded to CHW uint8 RGB on the device, or None where the device refuses it."""
+        if not files:
+            return []
+        try:
+            return decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            return [self.decode_one(encoded) for encoded in files]
+
+    def decode_one(self, encoded):
+        try:
+            return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            return None
+
+    def cpu_crop(self, encoded, box, flip):
+        """The CPU path's crop of a file the device refused (HWC uint8), or None when it cannot read it either."""
+        try:
+            choose_box = functools.partial(decode.fixed_box, tuple(box))
+            return decode.load_crop(BytesIO(encoded.numpy().tobytes()), choose_box, self.image_size, flip, draft=False)
+        except decode.UNREADABLE_IMAGE_ERRORS:
+            return None
+
+    def __call__(self, batch, labels):
+        size = self.image_size
+        # NHWC storage seen as NCHW: channels_last, as the model runs.
+        output = torch.empty((len(labels), size, size, 3), device=self.device).permute(0, 3, 1, 2)
+        kept = torch.ones(len(labels), dtype=torch.bool)
+        bounds = batch.offsets.tolist()
+        files = [batch.data[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+        boxes, flips, slots = batch.boxes.tolist(), batch.flips.tolist(), batch.slots.tolist()
+        for encoded, image, box, flip, slot in zip(files, self.decode_all(files), boxes, flips, slots, strict=True):
+            if image is not None:
+                output[slot] = crop_resize_flip(image, box, size, flip)
+                continue
+            pixels = self.cpu_crop(encoded, box, flip)
+            if pixels is None:
+                kept[slot] = False
+                self.unreadable.append(int(batch.positions[slot]))
+            else:
+                output[slot] = torch.from_numpy(pixels).to(self.device).permute(2, 0, 1)
+        if len(batch.pixel_slots):
+            output[batch.pixel_slots.to(self.device)] = batch.pixels.to(self.device).permute(0, 3, 1, 2).float()
+        output.sub_(self.mean).div_(self.std)
+        labels = labels.to(self.device, non_blocking=True)
+        if not kept.all():
+            kept = kept.to(self.device)
+            return output[kept].contiguous(memory_format=torch.channels_last), labels[kept]
+        return output, labels
+
+    def take_unreadable(self):
+        """Positions of the samples dropped since the last call (nothing could decode them)."""
+        unreadable, self.unreadable = self.unreadable, []
+        return unreadable
+
+
+def make_dataset(decoder, index, image_size, train, seed, draft):
+    """The dataset for a resolved --decode (cpu or gpu): decoded pixels, or encoded files for DeviceDecoder."""
+    dataset_class = EncodedImageDataset if decoder == "gpu" else decode.ImageDataset
+    return dataset_class(index, image_size, train=train, seed=seed, draft=draft)
+
+
+def make_device_step(decoder, device, image_size):
+    """What takes make_dataset's batches to the device, normalised: DeviceDecoder or loader.BatchToDevice."""
+    return DeviceDecoder(device, image_size) if decoder == "gpu" else loader.BatchToDevice(device)

@@ -1,0 +1,156 @@
+"""What --decode gpu gives on this GPU: `torchlab gpu-check` (or `make gpu-check`), about 5 minutes.
+
+On ImageNet-sized JPEGs generated here (tools/bench_data.py) and their prepared copy it reports:
+  decode     images/s of train.py's loader with --decode cpu and --decode gpu, batches normalised on the
+             GPU but no model (raw files and the prepared copy)
+  training   ResNet-50 with AMP and channels_last, as train.py trains it (train.py itself, --max-steps):
+             images/s and the data-wait fraction, with each decoder
+  agreement  PSNR of the GPU path's crops against the CPU path's, same samples, same boxes and flips
+A table on stdout and OUT_DIR/gpu_check.json. --device cpu is a dry run of the same steps on the CPU (the
+"gpu" decoder then runs torchvision's CPU decoder): it checks the script, not a GPU.
+"""
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from torchlab import config, io, loader
+from torchlab.data import decode, device_decode, prepared, splits
+from torchlab.tools import bench, bench_data
+
+DECODERS = ("cpu", "gpu")
+DEFAULT_CACHE_DIR = "~/.cache/torchlab/gpu-check"
+PEAK_LEVEL = 255.0
+
+
+def decode_rates(roots, batch_size, device, passes, print_line):
+    """images/s of the training loader with each decoder on each data root, the last of `passes` passes."""
+    rates = {}
+    for source, root in roots.items():
+        for decoder in DECODERS:
+            pipeline = bench.torchlab_pipeline(f"{source}-{decoder}", root, batch_size, device, decoder)
+            for epoch in range(passes):
+                pipeline.set_epoch(epoch)
+                timing = loader.timed_pass(pipeline.loader, pipeline.to_device, device)
+            rates[f"{source} --decode {decoder}"] = timing.images_per_sec
+            print_line(f"decode: {source} --decode {decoder}: {timing.images_per_sec:.0f} images/s")
+    return rates
+
+
+def training_rates(data_root, args, print_line):
+    """train.py's images/s and data-wait fraction with each decoder (medians of the interval records after the
+    first), from its own metrics.jsonl."""
+    results = {}
+    for decoder in DECODERS if args.device == "cuda" else ("cpu",):  # train.py refuses --decode gpu without CUDA
+        with tempfile.TemporaryDirectory() as run_dir:
+            command = [sys.executable, "-m", "torchlab", "train", "--data", data_root, "--run-dir", run_dir,
+                       "--arch", args.arch, "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
+                       "--log-interval", str(max(1, args.steps // 5)), "--epochs", "1000", "--device",
+                       args.device, "--decode", decoder, "--resume", "none"]  # fmt: skip
+            finished = subprocess.run(command, capture_output=True, text=True, check=False)
+            if finished.returncode != 0:
+                raise RuntimeError(f"train.py --decode {decoder} failed: {finished.stderr.strip()[-500:]}")
+            with open(os.path.join(run_dir, "metrics.jsonl")) as metrics_file:
+                records = [json.loads(line) for line in metrics_file]
+        intervals = [record for record in records if record.get("kind") == "interval"][1:]
+        results[decoder] = {
+            "images_per_sec": statistics.median(record["images_per_sec"] for record in intervals),
+            "data_wait_frac": statistics.median(record["data_wait_frac"] for record in intervals),
+        }
+        print_line(f"training: {args.arch} --decode {decoder}: {results[decoder]['images_per_sec']:.0f} images/s, "
+                   f"data wait {results[decoder]['data_wait_frac']:.1%}")  # fmt: skip
+    return results
+
+
+def psnr(first, second):
+    """PSNR in dB of two images in 0-255 levels (inf when equal)."""
+    mse = torch.mean((first.double() - second.double()) ** 2).item()
+    return math.inf if mse == 0 else 10 * math.log10(PEAK_LEVEL**2 / mse)
+
+
+def crop_agreement(data_root, samples, image_size, device):
+    """PSNR of each sample's GPU-path crop against its CPU-path crop (train.py's defaults: JPEG draft on), for
+    the same (seed, epoch, position): min and median over `samples` samples."""
+    _, train_index, _ = splits.load_splits(data_root, 0.0, 0)
+    positions = range(min(samples, len(train_index)))
+    cpu_dataset = decode.ImageDataset(train_index, image_size, train=True, seed=0)
+    gpu_dataset = device_decode.EncodedImageDataset(train_index, image_size, train=True, seed=0)
+    cpu_images, labels, _ = loader.collate_uint8([cpu_dataset[(position, 1)] for position in positions])
+    batch, _, _ = gpu_dataset.collate([gpu_dataset[(position, 1)] for position in positions])
+    normalised, _ = device_decode.DeviceDecoder(device, image_size)(batch, labels)
+    std = torch.tensor(loader.IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+    mean = torch.tensor(loader.IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
+    gpu_levels = (normalised * std + mean).clamp(0, 255).cpu()
+    cpu_levels = cpu_images.permute(0, 3, 1, 2)
+    values = [psnr(gpu, cpu) for gpu, cpu in zip(gpu_levels, cpu_levels, strict=True)]
+    return {"samples": len(values), "min_db": min(values), "median_db": statistics.median(values)}
+
+
+def print_line(line):
+    print(line, flush=True)
+
+
+def report_lines(report):
+    lines = [f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images"]
+    lines += [f"  {name:<28} {rate:>9.0f} images/s" for name, rate in report["decode"].items()]
+    for decoder, result in report["training"].items():
+        lines.append(f"  {report['arch']} AMP --decode {decoder:<5} {result['images_per_sec']:>9.0f} images/s, "
+                     f"data wait {result['data_wait_frac']:.1%}")  # fmt: skip
+    agreement = report["agreement"]
+    lines.append(f"  GPU vs CPU crops: PSNR min {agreement['min_db']:.1f} dB, median {agreement['median_db']:.1f} dB "
+                 f"over {agreement['samples']} samples")  # fmt: skip
+    return lines
+
+
+def build_parser(prog):
+    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=config.positive_int, default=4000, help="generated images (default: 4000)")
+    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="where the images and their prepared copy "
+                        f"are kept (default: {DEFAULT_CACHE_DIR})")  # fmt: skip
+    parser.add_argument("--out-dir", default="gpu-check", help="where gpu_check.json goes (default: gpu-check)")
+    parser.add_argument("--batch-size", type=config.positive_int, default=128, help="(default: 128)")
+    parser.add_argument("--arch", default="resnet50", help="the model trained (default: resnet50)")
+    parser.add_argument("--steps", type=config.positive_int, default=150, help="training steps per decoder "
+                        "(default: 150)")  # fmt: skip
+    parser.add_argument("--samples", type=config.positive_int, default=200, help="crops compared (default: 200)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cuda; cpu: a dry run of the script (no GPU figures) (default: cuda)")  # fmt: skip
+    return parser
+
+
+def main(argv=None, prog="torchlab gpu-check"):
+    args = build_parser(prog).parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        io.exit_with_error(prog, "no CUDA device is visible (docker run --gpus all ...?); --device cpu is a dry run")
+    device = torch.device(args.device)
+    cache_dir = os.path.expanduser(args.cache_dir)
+    data_root = os.path.join(cache_dir, f"images-{args.images}")
+    print(f"generating {args.images} images in {data_root} and a prepared copy (once) ...", flush=True)
+    bench_data.write_bench_data(data_root, args.images)
+    prepared.prepare(data_root, data_root + ".prepared")
+    report = {
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU (dry run)",
+        "usable_cpus": loader.usable_cpu_count(),
+        "images": args.images,
+        "arch": args.arch,
+        "decode": decode_rates(
+            {"raw": data_root, "prepared": data_root + ".prepared"}, args.batch_size, device, 2, print_line
+        ),  # fmt: skip
+        "training": training_rates(data_root, args, print_line),
+        "agreement": crop_agreement(data_root, args.samples, config.DEFAULTS.image_size, device),
+    }
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "gpu_check.json"), "w") as json_file:
+        json.dump(report, json_file, indent=2)
+    for line in report_lines(report):
+        print_line(line)
+
+
+if __name__ == "__main__":
+    main()
