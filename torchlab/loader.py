@@ -150,11 +150,18 @@ def fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, pro
 def collate_uint8(samples):
     """Batch ImageDataset samples: (images uint8 (N, H, W, 3), labels int64 (N,), unreadable positions).
 
-    The images are stacked straight into one preallocated tensor; unreadable samples are left out.
+    The images are stacked straight into one preallocated tensor, in a worker one in shared memory already
+    (as torch's default_collate does): sending it to the training process then copies nothing. Unreadable
+    samples are left out.
     """
     readable = [sample for sample in samples if sample[0] is not None]
     image_shape = readable[0][0].shape if readable else (0, 0, 3)
-    images = torch.empty((len(readable), *image_shape), dtype=torch.uint8)
+    images = torch.empty(0, dtype=torch.uint8)
+    shape = (len(readable), *image_shape)
+    if torch.utils.data.get_worker_info() is not None:
+        images.set_(torch.UntypedStorage._new_shared(math.prod(shape)), 0, shape)
+    else:
+        images.resize_(shape)
     if readable:
         np.stack([pixels for pixels, _, _ in readable], out=images.numpy())
     labels = torch.tensor([label for _, label, _ in readable], dtype=torch.int64)
@@ -223,11 +230,11 @@ class BatchToDevice:
     """Move a uint8 (N, H, W, 3) batch to the device and normalise it there: float NCHW, (x - mean) / std.
 
     On CUDA the result is channels_last (the NHWC bytes seen through permuted strides), as the model is. On
-    the CPU, where this step competes with the loader for the cores, the uint8 batch is transposed first (a
-    quarter of float32's bytes) and each channel is scaled into its own contiguous plane in one pass, into
-    one output buffer that is reused while batches keep their shape: a fresh 38 MB tensor per batch costs
-    more in page faults than the arithmetic. So on the CPU a result is valid until the next call (as the
-    training loop, evaluation and loader.timed_pass use it).
+    the CPU, where this step competes with the loader for the cores, the batch is converted and transposed to
+    contiguous NCHW float in one copy, then scaled and shifted in place (x * scale + shift), into one output
+    buffer that is reused while batches keep their shape: a fresh 38 MB tensor per batch costs more in page
+    faults than the arithmetic. So on the CPU a result is valid until the next call (as the training loop,
+    evaluation and loader.timed_pass use it).
     """
 
     def __init__(self, device):
@@ -235,7 +242,8 @@ class BatchToDevice:
         std = torch.tensor(IMAGENET_STD, dtype=torch.float64) * 255
         mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float64) * 255
         # x * scale + shift == (x - mean) / std, per channel
-        self.scale, self.shift = (1 / std).tolist(), (-mean / std).tolist()
+        self.scale = (1 / std).float().view(1, 3, 1, 1)
+        self.shift = (-mean / std).float().view(1, 3, 1, 1)
         self.mean = torch.tensor(IMAGENET_MEAN, device=device).mul(255).view(1, 3, 1, 1)
         self.std = torch.tensor(IMAGENET_STD, device=device).mul(255).view(1, 3, 1, 1)
         self.cpu_output = None
@@ -243,13 +251,10 @@ class BatchToDevice:
     def __call__(self, images, labels):
         labels = labels.to(self.device, non_blocking=True)
         if self.device.type == "cpu":
-            planes = images.permute(0, 3, 1, 2).contiguous()
+            planes = images.permute(0, 3, 1, 2)  # NCHW strides over the NHWC bytes
             if self.cpu_output is None or self.cpu_output.shape != planes.shape:
                 self.cpu_output = torch.empty(planes.shape, dtype=torch.float32)
-            normalised = self.cpu_output
-            for channel, (scale, shift) in enumerate(zip(self.scale, self.shift, strict=True)):
-                torch.mul(planes[:, channel], scale, out=normalised[:, channel]).add_(shift)
-            return normalised, labels
+            return self.cpu_output.copy_(planes).mul_(self.scale).add_(self.shift), labels
         # NHWC seen as NCHW is exactly channels_last; .float() keeps that memory format.
         images = images.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
         return images.sub_(self.mean).div_(self.std), labels
