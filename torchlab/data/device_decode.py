@@ -187,6 +187,11 @@ class DeviceDecoder(loader.BatchToDevice):
         """Each file decoded to CHW uint8 RGB on the device, or None where the device refuses it."""
         if not files:
             return []
+        if self.device.type == "cuda":
+            # torchvision decodes on a stream of its own that is not ordered after this one: memory that the
+            # training step still reads could be handed to the decoder and overwritten (pytorch/vision#9606).
+            # Waiting for this stream first closes that race.
+            torch.cuda.current_stream(self.device).synchronize()
         try:
             return decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:
