@@ -29,10 +29,8 @@ VAL_CROP_FRACTION = 0.875
 # PIL first shrinks by a whole factor while the box is more than this many times the output, then
 # resamples; at 3.0 the result is indistinguishable from resampling the full box (PIL's documentation).
 RESIZE_REDUCING_GAP = 3.0
-# Pillow's DCT scales, largest first; and the margin around a crop that the region decoder decodes and
-# cuts away (libjpeg's fancy upsampling differs at a region's edges), in decoded pixels.
+# Pillow's DCT scales, largest first.
 DRAFT_SCALES = (8, 4, 2, 1)
-REGION_MARGIN = 16
 # What PIL raises for an unreadable, truncated or hostile file.
 UNREADABLE_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
@@ -97,16 +95,14 @@ def pillow_crop(source, choose_box, size, draft):
         return rgb.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=RESIZE_REDUCING_GAP)
 
 
-def region_crop(data, box, width, height, size, draft):
-    """The box of the JPEG `data` resized to size x size (HWC uint8), decoding only the rows and columns it
-    needs and a margin (the chroma upsampling at the region's edges), then resizing with torch's antialiased
-    bilinear filter on uint8 (several times faster than Pillow's, within 55-75 dB of it); None where the
-    region decoder refuses the file."""
+def region_crop(data, box, width, height, size, draft, flip):
+    """The box of the JPEG `data` resized to size x size (HWC uint8) and mirrored when flip is set, decoding
+    only the rows and columns it needs (and, for subsampled chroma, a margin: torchlab_jpeg), then resizing
+    with torch's antialiased bilinear filter on uint8 (several times faster than Pillow's, within 55-75 dB of
+    it); None where the region decoder refuses the file."""
     scale = draft_scale(width, height, box, size) if draft else 1
     left, top, right, bottom = (round(coordinate / scale) for coordinate in box)
-    region = torchlab_jpeg.decode_region(
-        data, scale, left - REGION_MARGIN, top - REGION_MARGIN, right + REGION_MARGIN, bottom + REGION_MARGIN
-    )
+    region = torchlab_jpeg.decode_region(data, scale, left, top, right, bottom)
     if region is None:
         return None
     pixels, region_left, region_top, region_width, region_height = region
@@ -117,6 +113,8 @@ def region_crop(data, box, width, height, size, draft):
     resized = torch.nn.functional.interpolate(
         crop.permute(0, 3, 1, 2), size=(size, size), mode="bilinear", antialias=True, align_corners=False
     )
+    if flip:  # on the channels_last result: 15x faster than numpy's copy of a reversed HWC view
+        resized = resized.flip(3)
     return resized[0].permute(1, 2, 0).numpy()
 
 
@@ -145,9 +143,9 @@ def load_crop(source, choose_box, size, flip=False, draft=True):
     if header is not None and header[2]:
         width, height, _ = header
         box = choose_box(width, height)
-        pixels = region_crop(source, box, width, height, size, draft)
+        pixels = region_crop(source, box, width, height, size, draft, flip)
         if pixels is not None:
-            return np.ascontiguousarray(pixels[:, ::-1]) if flip else pixels
+            return pixels
         choose_box = functools.partial(fixed_box, box)
     crop = pillow_crop(BytesIO(source) if torchlab_jpeg is not None else source, choose_box, size, draft)
     if flip:

@@ -8,7 +8,10 @@
  * decode_region(data, scale_denom, x0, y0, x1, y1) decodes at 1/scale_denom (DCT scaling, as Pillow's
  * draft) the columns x0..x1 and rows y0..y1 of the scaled image, as RGB: jpeg_crop_scanline narrows the
  * decode to whole iMCU columns around x0..x1 (so the region may start left of x0 and be wider),
- * jpeg_skip_scanlines passes over the rows above y0, and decoding stops after row y1. It returns
+ * jpeg_skip_scanlines passes over the rows above y0, and decoding stops after row y1. Where chroma is
+ * subsampled (4:2:0, 4:2:2), libjpeg's fancy upsampling at a region's edges reads chroma the region left out,
+ * so those files decode a MARGIN around it too, for the caller to cut away; 4:4:4 and grey files decode
+ * exactly the pixels of a full decode without one. It returns
  * (rgb bytearray, x_offset, y_offset, width, height) of what was decoded, or None when libjpeg reports an
  * error or a warning (a truncated or corrupt file): the caller then falls back to Pillow, which says why.
  *
@@ -75,6 +78,19 @@ static void escape_on_warning(j_common_ptr cinfo, int level)
         escape_on_error(cinfo);
 }
 
+/* Pixels decoded around a region of a file with subsampled chroma: without them, edge columns differ from a
+ * full decode by up to 16 levels. */
+#define MARGIN 16
+
+static int chroma_subsampled(const struct jpeg_decompress_struct *cinfo)
+{
+    for (int i = 0; i < cinfo->num_components; i++)
+        if (cinfo->comp_info[i].h_samp_factor != cinfo->max_h_samp_factor ||
+            cinfo->comp_info[i].v_samp_factor != cinfo->max_v_samp_factor)
+            return 1;
+    return 0;
+}
+
 static int region_supported(const struct jpeg_decompress_struct *cinfo)
 {
     J_COLOR_SPACE space = cinfo->jpeg_color_space;
@@ -139,6 +155,12 @@ static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args)
     cinfo.scale_denom = (unsigned int)scale_denom;
     cinfo.dct_method = JDCT_ISLOW;
     libjpeg.start_decompress(&cinfo);
+    if (chroma_subsampled(&cinfo)) {
+        x0 -= MARGIN;
+        y0 -= MARGIN;
+        x1 += MARGIN;
+        y1 += MARGIN;
+    }
     if (x0 < 0) x0 = 0;
     if (y0 < 0) y0 = 0;
     if (x1 > (int)cinfo.output_width) x1 = (int)cinfo.output_width;
