@@ -41,14 +41,9 @@ def mostly_jpegs(index, count=SNIFFED_SAMPLES):
     positions = np.unique(np.linspace(0, len(index) - 1, min(count, len(index))).astype(int))
     jpegs = 0
     for position in positions:
-        source = index.source(int(position))
         try:
-            if hasattr(source, "read"):
-                jpegs += source.read(len(JPEG_START)) == JPEG_START
-            else:
-                with open(source, "rb") as image_file:
-                    jpegs += image_file.read(len(JPEG_START)) == JPEG_START
-        except OSError:
+            jpegs += bytes(decode.encoded_bytes(index.source(int(position)))[: len(JPEG_START)]) == JPEG_START
+        except OSError:  # unreadable: not a JPEG as far as this count goes
             continue
     return jpegs * 2 > len(positions)
 
