@@ -63,6 +63,15 @@ def atomic_write(path, write):
     fsync_directory(directory)
 
 
+def write_json_report(out_dir, name, report):
+    """A benchmark's report as OUT_DIR/NAME (JSON; the folder made when missing), written atomically; its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    text = json.dumps(report, indent=2).encode()
+    atomic_write(path, lambda report_file: report_file.write(text))
+    return path
+
+
 def remove_stale_temp_files(directory):
     """Delete what an interrupted atomic_write left in `directory`."""
     for name in os.listdir(directory):

@@ -28,7 +28,6 @@ one batch in 20,000 on ImageNet, one in 31 here); data_wait_frac_with_fill and f
 
 import dataclasses
 import gc
-import json
 import multiprocessing
 import os
 import platform
@@ -513,10 +512,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "stages": stages,
         "worker_memory": memory_measurements(prepared_root),
     }
-    os.makedirs(out_dir, exist_ok=True)
-    json_path, png_path = os.path.join(out_dir, "bench.json"), os.path.join(out_dir, "bench.png")
-    with open(json_path, "w") as json_file:
-        json.dump(report, json_file, indent=2)
+    json_path, png_path = io.write_json_report(out_dir, "bench.json", report), os.path.join(out_dir, "bench.png")
     plot(report, png_path)
     for line in report_lines(report):
         print_line(line)

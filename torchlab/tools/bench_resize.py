@@ -305,10 +305,7 @@ def run_bench_resize(args, print_line=print):
                     "python": platform.python_version(), "torch_threads": torch.get_num_threads()},
         "resizers": resizer_rows(crops, args.size, args.passes, args.pillow_simd, print_line),
     }  # fmt: skip
-    os.makedirs(args.out_dir, exist_ok=True)
-    json_path = os.path.join(args.out_dir, RESULT_FILE)
-    with open(json_path, "w") as json_file:
-        json.dump(report, json_file, indent=2)
+    json_path = io.write_json_report(args.out_dir, RESULT_FILE, report)
     for line in report_lines(report):
         print_line(line)
     print_line(f"wrote {json_path}")

@@ -145,11 +145,10 @@ def main(argv=None, prog="torchlab gpu-check"):
         "training": training_rates(data_root, args, print_line),
         "agreement": crop_agreement(data_root, args.samples, config.DEFAULTS.image_size, device),
     }
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "gpu_check.json"), "w") as json_file:
-        json.dump(report, json_file, indent=2)
+    json_path = io.write_json_report(args.out_dir, "gpu_check.json", report)
     for line in report_lines(report):
         print_line(line)
+    print_line(f"wrote {json_path}")
 
 
 if __name__ == "__main__":
