@@ -5,8 +5,8 @@ decode_jpeg), then crops, resizes, flips and normalises there.
 The crop box and the flip of a sample come from the same generator as on the CPU path (ImageDataset.
 augmentation, seeded by seed, epoch and position), drawn from the image's full-size header: the same boxes
 and flips for the same (seed, epoch, position) whichever path decodes. nvJPEG decodes whole images (torchvision
-offers it no region), so the box is cut from the full decode and resized with the same antialiased bilinear
-filter as the CPU path, in float (no rounding back to uint8 before normalising).
+offers it no region), so the box is cut from the full decode and resized by the CPU path's own function
+(decode.resize_box), in float (no rounding back to uint8 before normalising).
 
 What the device does not decode falls back to the CPU path for that sample: files that are not baseline
 JPEGs in YCbCr, RGB or grey (PNG, progressive, CMYK, ...) are decoded in the worker, as --decode cpu does;
@@ -104,18 +104,19 @@ class EncodedImageDataset(decode.ImageDataset):
         position, epoch = key
         label = int(self.index.labels[position])
         flip, choose_box = self.augmentation(position, epoch)
+        unreadable = EncodedSample(None, (), False, None, label, position)
         try:
             data = decode.encoded_bytes(self.index.source(position))
         except OSError:
-            return EncodedSample(None, (), False, None, label, position)
+            return unreadable
         size = device_decodable_size(data)
         if size is not None:
             return EncodedSample(data, choose_box(*size), flip, None, label, position)
-        try:
+        try:  # not for the device: decoded here, as --decode cpu does
             pixels = decode.load_crop(BytesIO(data), choose_box, self.image_size, flip, self.draft)
         except decode.UNREADABLE_IMAGE_ERRORS:
-            return EncodedSample(None, (), False, None, label, position)
-        return EncodedSample(None, (), False, pixels, label, position)
+            return unreadable
+        return unreadable._replace(pixels=pixels)
 
     def batch_bytes(self, batch_size):
         """/dev/shm bytes of one batch: encoded files are about as large as decoded crops, and vary."""
@@ -150,17 +151,6 @@ class EncodedImageDataset(decode.ImageDataset):
         labels = torch.tensor([sample.label for sample in readable], dtype=torch.int64)
         unreadable = [sample.position for sample in samples if sample.data is None and sample.pixels is None]
         return batch, labels, torch.tensor(unreadable, dtype=torch.int64)
-
-
-def crop_resize_flip(image, box, size, flip):
-    """The box (left, top, right, bottom, full-size pixels) of a decoded CHW uint8 image, resized to size x size
-    as float (CHW) with the CPU path's antialiased bilinear filter, and mirrored when flip is set."""
-    left, top, right, bottom = (round(coordinate) for coordinate in box)
-    crop = image[:, top : top + max(1, bottom - top), left : left + max(1, right - left)]
-    resized = torch.nn.functional.interpolate(
-        crop[None].float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False
-    )[0]
-    return resized.flip(-1) if flip else resized
 
 
 class DeviceDecoder(loader.BatchToDevice):
@@ -216,7 +206,8 @@ class DeviceDecoder(loader.BatchToDevice):
         boxes, flips, slots = batch.boxes.tolist(), batch.flips.tolist(), batch.slots.tolist()
         for encoded, image, box, flip, slot in zip(files, self.decode_all(files), boxes, flips, slots, strict=True):
             if image is not None:
-                output[slot] = crop_resize_flip(image, box, size, flip)
+                # In float: nothing is rounded back to uint8 before normalising.
+                output[slot] = decode.resize_box(image[None], box, size, flip, dtype=torch.float32)[0]
                 continue
             pixels = self.cpu_crop(encoded, box, flip)
             if pixels is None:
