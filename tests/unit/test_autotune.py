@@ -126,3 +126,13 @@ def test_the_doctors_shared_memory_row_agrees_with_the_loader(sample_set, monkey
         train_loader.num_workers,
         train_loader.prefetch_factor,
     )
+
+
+def test_autotune_tries_the_gpu_decoder_only_where_auto_would_pick_it(sample_set):
+    _, jpegs, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    cuda, cpu = torch.device("cuda:0"), torch.device("cpu")  # only named: nothing runs on them here
+    assert autotune.decoders_to_try("auto", cuda, jpegs) == ("cpu", "gpu")
+    assert autotune.decoders_to_try("auto", cpu, jpegs) == ("cpu",)
+    assert autotune.decoders_to_try("gpu", cuda, jpegs) == ("gpu",)
+    assert autotune.decoders_to_try("cpu", cuda, jpegs) == ("cpu",)
+    assert autotune.decoders_to_try("auto", cuda, []) == ("cpu",)  # no JPEGs

@@ -97,10 +97,11 @@ def candidate_settings(usable_cpus, decoders):
 
 
 def decoders_to_try(decoder, device, index):
-    """--decode as given: cpu or gpu alone; auto: both on CUDA when most images are JPEGs, else cpu."""
+    """--decode as given: cpu or gpu alone; auto: both where auto would mean gpu (device_decode.resolve_decoder),
+    else cpu."""
     if decoder != "auto":
         return (decoder,)
-    return ("cpu", "gpu") if device.type == "cuda" and device_decode.mostly_jpegs(index) else ("cpu",)
+    return ("cpu", "gpu") if device_decode.resolve_decoder("auto", device, index) == "gpu" else ("cpu",)
 
 
 def measure_images_per_sec(dataset, decoder, settings, device, seconds):

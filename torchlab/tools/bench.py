@@ -209,7 +209,7 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
     indexes = {"torchlab": train_index, "torchlab-prepared": prepared_index, GPU_DECODE: train_index}
     for name, index in ((name, index) for name, index in indexes.items() if name in pipelines):
         dataset = pipelines[name].loader.dataset
-        collate = getattr(dataset, "collate", loader.collate_uint8)
+        collate = pipelines[name].loader.collate_fn  # the one build_loader chose for this dataset
         keys = [(position, 0) for position in range(min(STAGE_SAMPLES, len(index)))]
         worker_seconds, samples = seconds_per_item(dataset.__getitem__, keys)
         samples = samples[:batch_size]
