@@ -136,3 +136,14 @@ def test_autotune_tries_the_gpu_decoder_only_where_auto_would_pick_it(sample_set
     assert autotune.decoders_to_try("gpu", cuda, jpegs) == ("gpu",)
     assert autotune.decoders_to_try("cpu", cuda, jpegs) == ("cpu",)
     assert autotune.decoders_to_try("auto", cuda, []) == ("cpu",)  # no JPEGs
+
+
+def test_a_setting_saved_before_decoders_were_tuned_still_applies_with_the_cpu_decoder(sample_set, tmp_path):
+    settings_file = tmp_path / "autotune.json"
+    argv = ["--data", str(sample_set), "--device", "cpu", "--run-dir", str(tmp_path / "run")]
+    argv += ["--autotune-file", str(settings_file)]
+    key = autotune.setting_key(str(sample_set), 224, 64, "cpu", 1)
+    autotune.save_setting(str(settings_file), key, {"workers": 1, "prefetch_factor": 2, "jpeg_draft": False})
+
+    cfg = resolved(argv)
+    assert (cfg.workers, cfg.prefetch_factor, cfg.jpeg_draft, cfg.decode, cfg.autotuned) == (1, 2, False, "cpu", True)

@@ -54,7 +54,7 @@ def resolve_loader(workers, prefetch_factor, jpeg_draft, decoder, settings_file,
     if jpeg_draft is None:
         jpeg_draft = tuned["jpeg_draft"] if tuned else True
     if decoder == "auto" and tuned:
-        decoder = tuned["decode"]
+        decoder = tuned.get("decode", "cpu")  # settings saved before decoders were tuned timed the CPU's
     return LoaderChoice(workers, prefetch_factor, jpeg_draft, decoder, autotuned=tuned is not None)
 
 
@@ -71,7 +71,7 @@ def read_settings(path):
 def saved_setting(path, key):
     """The setting saved for `key` ({"workers", "prefetch_factor", "jpeg_draft", ...}), or None."""
     setting = read_settings(path).get(key)
-    required = ("workers", "prefetch_factor", "jpeg_draft", "decode")
+    required = ("workers", "prefetch_factor", "jpeg_draft")
     return setting if isinstance(setting, dict) and all(name in setting for name in required) else None
 
 
