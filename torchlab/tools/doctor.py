@@ -308,16 +308,24 @@ def data_folder_problem(data_dir):
 
 def check_data(data_dir, batch_size, val_fraction, seed):
     """The data train.py would read: its layout, classes and image counts, by train.py's own indexing."""
+    return indexed_data_check(data_dir, batch_size, val_fraction, seed)[0]
+
+
+def indexed_data_check(data_dir, batch_size, val_fraction, seed):
+    """check_data's row, and the training index it read (None where it could not): run_checks hands that to
+    check_decoder, so that a large --data is scanned once."""
     problem = data_folder_problem(data_dir)
     if problem is not None:
-        return problem
+        return problem, None
     has_val_folder = all(os.path.isdir(os.path.join(data_dir, split)) for split in ("train", "val"))
     try:
         class_names, train_index, val_index = splits.load_splits(data_dir, val_fraction, seed)
     except folder.DataError as error:
-        return Check("data", FAIL, str(error), fix=f"arrange {data_dir} as train/CLASS/IMAGE and val/CLASS/IMAGE")
+        fix = f"arrange {data_dir} as train/CLASS/IMAGE and val/CLASS/IMAGE"
+        return Check("data", FAIL, str(error), fix=fix), None
     except OSError as error:
-        return Check("data", FAIL, f"cannot read {data_dir}: {error}", fix="on the host: chmod -R a+rX the folder")
+        fix = "on the host: chmod -R a+rX the folder"
+        return Check("data", FAIL, f"cannot read {data_dir}: {error}", fix=fix), None
     mount = mount_of(data_dir)
     layout = "train/ and val/" if has_val_folder else f"one folder of classes, {val_fraction:.0%} held out for val"
     shown = ", ".join(class_names[:CLASS_NAMES_SHOWN]) + (", ..." if len(class_names) > CLASS_NAMES_SHOWN else "")
@@ -340,7 +348,7 @@ def check_data(data_dir, batch_size, val_fraction, seed):
         status, fix = WARN, "a classifier needs at least two class folders"
     elif len(val_index) == 0:
         status, fix = WARN, "add a val/ folder, or raise train.py's --val-fraction"
-    return Check("data", status, detail, fix, facts)
+    return Check("data", status, detail, fix, facts), train_index
 
 
 def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, processes=1):
@@ -441,20 +449,17 @@ def nvjpeg_error(device):
     return None if difference <= DEVICE_DECODE_TOLERANCE else f"its pixels differ by {difference:.1f} levels on average"
 
 
-def check_decoder(decoder, workers, data_dir, val_fraction, seed, autotuned):
-    """Where train.py will decode images (--decode as train.py resolves it: device_decode.resolve_decoder), and
-    for gpu whether nvJPEG works on this GPU."""
+def check_decoder(decoder, workers, train_index, autotuned):
+    """Where train.py will decode images (--decode as train.py resolves it: device_decode.resolve_decoder, on
+    `train_index`, None when the data could not be read), and for gpu whether nvJPEG works on this GPU."""
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     facts = {"decode": decoder, "autotuned": autotuned}
     if decoder == "gpu" and device == "cpu":
         return Check("decoder", FAIL, "--decode gpu, but no CUDA device is visible: train.py stops",
                      fix=f"{GPUS_FIX}, or use --decode cpu or auto", facts=facts)  # fmt: skip
-    if decoder == "auto":  # only needs the data index on CUDA: elsewhere it is cpu
-        try:
-            index = splits.load_splits(data_dir, val_fraction, seed)[1] if device != "cpu" else []
-        except (folder.DataError, OSError):
-            index = []
-        decoder = facts["decode"] = device_decode.resolve_decoder(decoder, device, index)
+    decoder = facts["decode"] = device_decode.resolve_decoder(
+        decoder, device, [] if train_index is None else train_index
+    )
     how = " (autotuned)" if autotuned else ""
     if decoder == "cpu":
         why = ": no CUDA device" if device == "cpu" else ""
@@ -491,13 +496,12 @@ def run_checks(
     )  # fmt: skip
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
     report.extend(check_gpus())
-    report.append(check_data(data_dir, batch_size, defaults.val_fraction, defaults.seed))
+    data_check, train_index = indexed_data_check(data_dir, batch_size, defaults.val_fraction, defaults.seed)
+    report.append(data_check)
     shm = loader.shared_memory_bytes()
     report.append(check_shared_memory(shm, choice.workers, choice.prefetch_factor, batch_size, image_size, processes))
     report.append(check_cpus(choice.workers, processes))
-    report.append(
-        check_decoder(choice.decode, choice.workers, data_dir, defaults.val_fraction, defaults.seed, choice.autotuned)
-    )
+    report.append(check_decoder(choice.decode, choice.workers, train_index, choice.autotuned))
     report.append(check_run_dir(run_dir))
     return report
 
