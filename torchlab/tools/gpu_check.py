@@ -11,7 +11,6 @@ A table on stdout and OUT_DIR/gpu_check.json. --device cpu is a dry run of the s
 """
 
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -22,11 +21,10 @@ import torch
 
 from torchlab import config, io, loader
 from torchlab.data import decode, device_decode, prepared, splits
-from torchlab.tools import bench, bench_data
+from torchlab.tools import bench, bench_data, bench_resize
 
 DECODERS = ("cpu", "gpu")
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/gpu-check"
-PEAK_LEVEL = 255.0
 
 
 def decode_rates(roots, batch_size, device, passes, print_line):
@@ -68,12 +66,6 @@ def training_rates(data_root, args, print_line):
     return results
 
 
-def psnr(first, second):
-    """PSNR in dB of two images in 0-255 levels (inf when equal)."""
-    mse = torch.mean((first.double() - second.double()) ** 2).item()
-    return math.inf if mse == 0 else 10 * math.log10(PEAK_LEVEL**2 / mse)
-
-
 def crop_agreement(data_root, samples, image_size, device):
     """PSNR of each sample's GPU-path crop against its CPU-path crop (train.py's defaults: JPEG draft on), for
     the same (seed, epoch, position): min and median over `samples` samples."""
@@ -83,12 +75,11 @@ def crop_agreement(data_root, samples, image_size, device):
     gpu_dataset = device_decode.EncodedImageDataset(train_index, image_size, train=True, seed=0)
     cpu_images, labels, _ = loader.collate_uint8([cpu_dataset[(position, 1)] for position in positions])
     batch, _, _ = gpu_dataset.collate([gpu_dataset[(position, 1)] for position in positions])
-    normalised, _ = device_decode.DeviceDecoder(device, image_size)(batch, labels)
-    std = torch.tensor(loader.IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
-    mean = torch.tensor(loader.IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
-    gpu_levels = (normalised * std + mean).clamp(0, 255).cpu()
+    to_device = device_decode.DeviceDecoder(device, image_size)
+    normalised, _ = to_device(batch, labels)
+    gpu_levels = (normalised * to_device.std + to_device.mean).clamp(0, 255).cpu()  # back to 0-255 levels
     cpu_levels = cpu_images.permute(0, 3, 1, 2)
-    values = [psnr(gpu, cpu) for gpu, cpu in zip(gpu_levels, cpu_levels, strict=True)]
+    values = [bench_resize.psnr(gpu, cpu) for gpu, cpu in zip(gpu_levels, cpu_levels, strict=True)]
     return {"samples": len(values), "min_db": min(values), "median_db": statistics.median(values)}
 
 
