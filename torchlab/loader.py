@@ -264,6 +264,14 @@ class BatchToDevice:
         them); data.device_decode.DeviceDecoder, which decodes, can find some."""
         return []
 
+    def batches(self, loader_batches):
+        """A loader's (images, labels, unreadable positions) batches as training reads them: (images, labels,
+        the batch's unreadable positions as a list), images and labels on the device. A batch is valid until
+        the next one is asked for (the CPU output buffer is reused)."""
+        for host_images, host_labels, unreadable in loader_batches:
+            images, labels = self(host_images, host_labels)
+            yield images, labels, unreadable.tolist() + self.take_unreadable()
+
 
 @dataclasses.dataclass
 class PassTiming:
@@ -283,13 +291,12 @@ class PassTiming:
 
 
 def timed_pass(batches, to_device, device, after_batch=None):
-    """Read one pass of `batches` (a loader's (images, labels, ...) batches) as training does: each moved to
-    the device by to_device, then after_batch(timing) (a consumer, or a stop test: True ends the pass); the
-    device is synchronised before the clock stops. Returns the PassTiming."""
+    """Read one pass of `batches` (a loader's batches) as training does, through to_device.batches (a
+    BatchToDevice's, or one like it), then after_batch(timing) (a consumer, or a stop test: True ends the pass);
+    the device is synchronised before the clock stops. Returns the PassTiming."""
     timing = PassTiming()
     start = tick = time.perf_counter()
-    for images, labels, *_ in batches:
-        to_device(images, labels)
+    for _, labels, _ in to_device.batches(batches):
         waited = time.perf_counter() - tick
         if timing.batches == 0:
             timing.fill_seconds, timing.first_batch_images = waited, len(labels)

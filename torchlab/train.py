@@ -144,10 +144,7 @@ def build_training(cfg, network, steps_per_epoch, device, processes):
     )  # fmt: skip
 
 
-def train_step(training, host_images, host_labels, meters):
-    images, labels = training.to_device(host_images, host_labels)
-    if len(labels) == 0:  # every sample of the batch proved unreadable on the device
-        return
+def train_step(training, images, labels, meters):
     with training.autocast():
         logits = training.train_model(images)
         loss = training.criterion(logits, labels)
@@ -172,14 +169,14 @@ def train_one_epoch(training, train_loader, position, run):
     device = training.to_device.device
     epoch_meter, interval_meter = metrics.Meter(device), metrics.Meter(device)
     tick = time.perf_counter()
-    for host_images, host_labels, unreadable in train_loader:
+    # The wait for each batch lasts until it is on the device, normalised (decoded there too, --decode gpu).
+    for images, labels, bad in training.to_device.batches(train_loader):
         waited = time.perf_counter() - tick
         # A batch of unreadable images only is skipped (under torchrun the other processes would then
-        # wait for its gradients: with shuffled data and --max-bad-images that stays theoretical).
-        if len(host_labels) > 0:
-            train_step(training, host_images, host_labels, (epoch_meter, interval_meter))
-        # The workers' unreadable images, and those the device step could not decode (--decode gpu).
-        bad = unreadable.tolist() + training.to_device.take_unreadable()
+        # wait for its gradients: with shuffled data and --max-bad-images that stays theoretical). `bad`: the
+        # workers' unreadable images, and those the device step could not decode (--decode gpu).
+        if len(labels) > 0:
+            train_step(training, images, labels, (epoch_meter, interval_meter))
         for meter in (epoch_meter, interval_meter):
             meter.add_batch(waited, len(bad))
         run.bad_images.add(bad)
@@ -204,9 +201,8 @@ def train_one_epoch(training, train_loader, position, run):
 def evaluate(training, val_loader, processes):
     training.forward_model.eval()
     meter = metrics.Meter(training.to_device.device)
-    for host_images, host_labels, unreadable in val_loader:
-        images, labels = training.to_device(host_images, host_labels)
-        meter.add_batch(0.0, len(unreadable) + len(training.to_device.take_unreadable()))
+    for images, labels, bad in training.to_device.batches(val_loader):
+        meter.add_batch(0.0, len(bad))
         if len(labels) > 0:
             with training.autocast():
                 logits = training.forward_model(images)

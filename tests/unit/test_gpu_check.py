@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import TRAIN_ENV, torchlab_command
+from torchlab.data import decode
 
 
 def test_the_dry_run_reports_every_figure(tmp_path):
@@ -26,6 +27,9 @@ def test_the_dry_run_reports_every_figure(tmp_path):
     assert report["training"]["cpu"]["images_per_sec"] > 0 and 0 <= report["training"]["cpu"]["data_wait_frac"] < 1
     # Same boxes and flips: the paths differ only by JPEG draft decoding (CPU) against full-size decoding.
     assert report["agreement"]["samples"] == 8 and report["agreement"]["min_db"] > 30
+    # It names the CPU path's decoder: the region decoder where the package was built with it, as in the image.
+    assert report["cpu_decoder"] == ("region decoder (torchlab_jpeg)" if decode.torchlab_jpeg else "Pillow")
+    assert report["versions"]["torch"] == torch.__version__
     assert "GPU vs CPU crops: PSNR min" in result.stdout and "the CPU (dry run)" in result.stdout
 
 

@@ -14,6 +14,7 @@ a file nvJPEG refuses is decoded in the main process by the CPU path; one that n
 from the batch and reported like any unreadable image (DeviceDecoder.take_unreadable).
 """
 
+import concurrent.futures
 import functools
 import typing
 from io import BytesIO
@@ -96,6 +97,11 @@ class EncodedBatch(typing.NamedTuple):
     pixel_slots: torch.Tensor
     positions: torch.Tensor
 
+    def files(self):
+        """Each encoded file as a view of `data`."""
+        bounds = self.offsets.tolist()
+        return [self.data[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+
 
 class EncodedImageDataset(decode.ImageDataset):
     """ImageDataset's samples, left encoded for DeviceDecoder: same keys, same augmentation draws."""
@@ -161,21 +167,28 @@ class DeviceDecoder(loader.BatchToDevice):
     nvJPEG refuses), each file is decoded alone and the ones that still fail go through the CPU path here.
     Samples that nothing decodes are dropped, with their labels; take_unreadable() hands their positions to
     the training loop, which reports them as the workers' unreadable images are.
+
+    batches() decodes the next batch in a thread of its own while the caller uses the current one. On CUDA a
+    batch is decoded, cut and normalised on a stream of this decoder's own (decode_stream), which the caller's
+    stream then waits for: nvJPEG decodes while the training step queues and runs.
     """
 
     def __init__(self, device, image_size):
         super().__init__(torch.device(device))
         self.image_size = image_size
         self.unreadable = []
+        self.decode_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def decode_all(self, files):
         """Each file decoded to CHW uint8 RGB on the device, or None where the device refuses it."""
         if not files:
             return []
         if self.device.type == "cuda":
-            # torchvision decodes on a stream of its own that is not ordered after this one: memory that the
-            # training step still reads could be handed to the decoder and overwritten (pytorch/vision#9606).
-            # Waiting for this stream first closes that race.
+            # torchvision decodes on a stream of its own that is not ordered after the current one: memory
+            # that work queued there still reads could be handed to the decoder and overwritten
+            # (pytorch/vision#9606). The current stream is decode_stream (decode_on_stream), and the caching allocator
+            # hands it only blocks last used on it, or blocks whose other streams' use is over (record_stream):
+            # waiting for decode_stream alone closes the race, not for the training step on the caller's.
             torch.cuda.current_stream(self.device).synchronize()
         try:
             return decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
@@ -197,12 +210,58 @@ class DeviceDecoder(loader.BatchToDevice):
             return None
 
     def __call__(self, batch, labels):
+        return self.hand_over(*self.decode_on_stream(batch, labels))
+
+    def batches(self, loader_batches):
+        """As BatchToDevice.batches, but a thread of its own decodes the next batch while the caller uses this
+        one: on CUDA torchvision's decode_jpeg lets go of the GIL while nvJPEG works, and returns only when the
+        batch is decoded, which would otherwise hold up the training loop for as long."""
+        host_batches = iter(loader_batches)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchlab-decode") as thread:
+            upcoming = thread.submit(self.decode_next, host_batches)
+            while (decoded := upcoming.result()) is not None:
+                upcoming = thread.submit(self.decode_next, host_batches)
+                images, labels, unreadable, ready = decoded
+                yield (*self.hand_over(images, labels, ready), unreadable)
+
+    def decode_next(self, host_batches):
+        """The next loader batch decoded (decode_on_stream): (images, labels, its unreadable positions, ready),
+        or None after the last."""
+        host_batch = next(host_batches, None)
+        if host_batch is None:
+            return None
+        batch, labels, unreadable = host_batch
+        images, labels, ready = self.decode_on_stream(batch, labels)
+        return images, labels, unreadable.tolist() + self.take_unreadable(), ready
+
+    def decode_on_stream(self, batch, labels):
+        """decode_batch, on decode_stream on CUDA: (images, labels, ready: an event recorded there when they
+        are, or None off CUDA)."""
+        if self.decode_stream is None:
+            return (*self.decode_batch(batch, labels), None)
+        with torch.cuda.stream(self.decode_stream):
+            images, labels = self.decode_batch(batch, labels)
+            ready = torch.cuda.Event()
+            ready.record()
+        return images, labels, ready
+
+    def hand_over(self, images, labels, ready):
+        """Images and labels from decode_on_stream, for the current stream: on CUDA it waits for `ready`, and
+        the allocator does not reuse their memory before the current stream's work on them is done."""
+        if ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready)
+            for tensor in (images, labels):
+                tensor.record_stream(current)
+        return images, labels
+
+    def decode_batch(self, batch, labels):
+        """(images, labels) on the device, on the current stream: decoded, cut, resized, flipped, normalised."""
         size = self.image_size
         # NHWC storage seen as NCHW: channels_last, as the model runs.
         output = torch.empty((len(labels), size, size, 3), device=self.device).permute(0, 3, 1, 2)
         kept = torch.ones(len(labels), dtype=torch.bool)
-        bounds = batch.offsets.tolist()
-        files = [batch.data[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+        files = batch.files()
         boxes, flips, slots = batch.boxes.tolist(), batch.flips.tolist(), batch.slots.tolist()
         for encoded, image, box, flip, slot in zip(files, self.decode_all(files), boxes, flips, slots, strict=True):
             if image is not None:

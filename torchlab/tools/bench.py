@@ -96,10 +96,22 @@ def torchvision_pipeline(name, train_root, batch_size, device, workers):
         dataset, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **worker_options
     )
 
-    def to_device(images, labels):
-        return images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+    return Pipeline(name, data_loader, CopyToDevice(device), workers)
 
-    return Pipeline(name, data_loader, to_device, workers)
+
+class CopyToDevice:
+    """naive's and classic's device step: their batches are normalised float already, and only copied."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __call__(self, images, labels):
+        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+    def batches(self, loader_batches):
+        """As loader.BatchToDevice.batches, for (images, labels) batches (ImageFolder has no unreadable ones)."""
+        for images, labels in loader_batches:
+            yield (*self(images, labels), [])
 
 
 def torchlab_settings(batch_size):

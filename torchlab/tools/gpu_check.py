@@ -1,4 +1,4 @@
-"""What --decode gpu gives on this GPU: `torchlab gpu-check` (or `make gpu-check`), about 5 minutes.
+"""What --decode gpu gives on this GPU: `torchlab gpu-check` (or `make gpu-check`), about 2 minutes (H200).
 
 On ImageNet-sized JPEGs generated here (tools/bench_data.py) and their prepared copy it reports:
   decode     images/s of train.py's loader with --decode cpu and --decode gpu, batches normalised on the
@@ -6,6 +6,8 @@ On ImageNet-sized JPEGs generated here (tools/bench_data.py) and their prepared 
   training   ResNet-50 with AMP and channels_last, as train.py trains it (train.py itself, --max-steps):
              images/s and the data-wait fraction, with each decoder
   agreement  PSNR of the GPU path's crops against the CPU path's, same samples, same boxes and flips
+  streams    whether decoding overwrites memory the training stream still reads (pytorch/vision#9606), with
+             a bare decode_jpeg call (the race, for comparison) and with DeviceDecoder
 A table on stdout and OUT_DIR/gpu_check.json. --device cpu is a dry run of the same steps on the CPU (the
 "gpu" decoder then runs torchvision's CPU decoder): it checks the script, not a GPU.
 """
@@ -18,12 +20,16 @@ import sys
 import tempfile
 
 import torch
+import torchvision
+from torchvision.io import decode_jpeg
 
 from torchlab import config, io, loader
 from torchlab.data import decode, device_decode, prepared, splits
 from torchlab.tools import bench, bench_data, bench_resize
 
 DECODERS = ("cpu", "gpu")
+STREAM_CHECK_ROUNDS = 20
+FREED_BLOCKS, FREED_BLOCK_FLOATS = 32, 1 << 19  # 2 MB each: decoded images are carved out of such blocks
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/gpu-check"
 
 
@@ -83,16 +89,54 @@ def crop_agreement(data_root, samples, image_size, device):
     return {"samples": len(values), "min_db": min(values), "median_db": statistics.median(values)}
 
 
+def stream_check(data_root, batch_size, device, rounds=STREAM_CHECK_ROUNDS):
+    """Rounds (of `rounds`) whose training-stream sums came out wrong, per decoder. Each round queues a long
+    product on the current stream, then the sums of filled blocks that are freed at once, and decodes a batch
+    while the sums still wait: a decoder that is handed a freed block and writes it early changes a sum."""
+    pipeline = bench.torchlab_pipeline("stream-check", data_root, batch_size, device, "gpu")
+    batches = []
+    for batch, labels, *_ in pipeline.loader:
+        batches.append((batch, labels))
+        if len(batches) == 4:
+            break
+    decoders = {
+        "decode_jpeg alone": lambda batch, labels: decode_jpeg(batch.files(), device=device),
+        "DeviceDecoder": device_decode.DeviceDecoder(device, config.DEFAULTS.image_size),
+    }
+    slow = torch.randn(8192, 8192, device=device)
+    expected = [value * FREED_BLOCK_FLOATS for value in range(FREED_BLOCKS)]
+    wrong = {}
+    for name, decode_batch in decoders.items():
+        wrong[name] = 0
+        for round_number in range(rounds):
+            blocks = [torch.full((FREED_BLOCK_FLOATS,), float(value), device=device) for value in range(FREED_BLOCKS)]
+            torch.cuda.synchronize(device)
+            for _ in range(4):
+                slow @ slow
+            sums = [block.sum() for block in blocks]
+            del blocks
+            decode_batch(*batches[round_number % len(batches)])
+            wrong[name] += torch.stack(sums).tolist() != expected
+    return {"rounds": rounds, "wrong": wrong}
+
+
 def print_line(line):
     print(line, flush=True)
 
 
 def report_lines(report):
-    lines = [f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images"]
+    versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
+    lines = [f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images; "
+             f"{versions}; CPU path decodes with {report['cpu_decoder']}"]  # fmt: skip
     lines += [f"  {name:<28} {rate:>9.0f} images/s" for name, rate in report["decode"].items()]
     for decoder, result in report["training"].items():
         lines.append(f"  {report['arch']} AMP --decode {decoder:<5} {result['images_per_sec']:>9.0f} images/s, "
                      f"data wait {result['data_wait_frac']:.1%}")  # fmt: skip
+    if not report["streams"]["wrong"]:
+        lines.append("  streams: not checked (no CUDA)")
+    for name, wrong in report["streams"]["wrong"].items():
+        lines.append(f"  streams: {name}: {wrong} of {report['streams']['rounds']} rounds changed the training "
+                     "stream's data")  # fmt: skip
     agreement = report["agreement"]
     lines.append(f"  GPU vs CPU crops: PSNR min {agreement['min_db']:.1f} dB, median {agreement['median_db']:.1f} dB "
                  f"over {agreement['samples']} samples")  # fmt: skip
@@ -128,6 +172,8 @@ def main(argv=None, prog="torchlab gpu-check"):
     report = {
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU (dry run)",
         "usable_cpus": loader.usable_cpu_count(),
+        "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__},
+        "cpu_decoder": "region decoder (torchlab_jpeg)" if decode.torchlab_jpeg is not None else "Pillow",
         "images": args.images,
         "arch": args.arch,
         "decode": decode_rates(
@@ -135,6 +181,7 @@ def main(argv=None, prog="torchlab gpu-check"):
         ),  # fmt: skip
         "training": training_rates(data_root, args, print_line),
         "agreement": crop_agreement(data_root, args.samples, config.DEFAULTS.image_size, device),
+        "streams": stream_check(data_root, args.batch_size, device) if device.type == "cuda" else {"wrong": {}},
     }
     json_path = io.write_json_report(args.out_dir, "gpu_check.json", report)
     for line in report_lines(report):
