@@ -123,8 +123,8 @@ def test_files_the_device_does_not_decode_fall_back_and_unreadable_ones_are_repo
 
     assert by_name["d.jpg"].data is not None  # grey baseline JPEGs: nvJPEG's
     assert all(by_name[name].pixels is not None for name in ("a.png", "b.jpg", "c.jpg"))  # decoded in the worker
-    assert by_name["e.jpg"].data is not None  # its header reads: the device finds out
-    assert by_name["f.jpg"].data is None and by_name["f.jpg"].pixels is None
+    # Cut off before its end-of-image marker (nvJPEG would decode it without a word): the worker finds out.
+    assert all(by_name[name].data is None and by_name[name].pixels is None for name in ("e.jpg", "f.jpg"))
 
     on_cpu, on_device = both_paths(index, train=False, epoch=0, device=device)
     cpu_images = torch.cat([images for images, _, _ in on_cpu])
@@ -134,6 +134,19 @@ def test_files_the_device_does_not_decode_fall_back_and_unreadable_ones_are_repo
     assert sorted(paths[p] for _, _, unreadable in on_cpu for p in unreadable) == bad
     assert device_images.shape == cpu_images.shape == (len(index) - 2, 3, SIZE, SIZE)
     assert_same_crops(device, device_images, cpu_images)
+
+
+def test_a_file_the_device_refuses_goes_to_the_cpu_path_and_is_reported_when_that_fails_too(sample_set):
+    whole = next(sample_set.rglob("*.JPEG")).read_bytes()
+    with Image.open(next(sample_set.rglob("*.JPEG"))) as opened:
+        box = (0, 0, *opened.size)
+    samples = [device_decode.EncodedSample(data, box, False, None, label, position)
+               for data, label, position in ((whole, 1, 10), (whole[:4000], 2, 11))]  # fmt: skip
+    batch, labels, _ = device_decode.EncodedImageDataset.collate(samples)
+    step = device_decode.DeviceDecoder(CPU, SIZE)  # torchvision's CPU decoder refuses the cut-off file
+
+    images, kept_labels = step(batch, labels)
+    assert images.shape == (1, 3, SIZE, SIZE) and kept_labels.tolist() == [1] and step.take_unreadable() == [11]
 
 
 def test_batches_decodes_the_next_batch_ahead_in_order_and_stops_when_the_caller_does(sample_set):

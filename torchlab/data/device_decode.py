@@ -29,6 +29,7 @@ from torchlab.data import decode
 
 DECODERS = ("auto", "cpu", "gpu")
 JPEG_START = b"\xff\xd8\xff"
+JPEG_END = b"\xff\xd9"
 SNIFFED_SAMPLES = 32  # files read to decide whether --decode auto means gpu: most of them must be JPEGs
 # /dev/shm per encoded sample: twice the mean file size of the first ones (sizes vary), at least one decoded sample.
 SIZE_SAMPLES = 64
@@ -58,8 +59,12 @@ def resolve_decoder(decoder, device, index):
 
 
 def device_decodable_size(data):
-    """(width, height) of a baseline JPEG in YCbCr, RGB or grey, which nvJPEG decodes as the CPU path does;
-    None for anything else (decoded on the CPU instead)."""
+    """(width, height) of a whole baseline JPEG in YCbCr, RGB or grey, which nvJPEG decodes as the CPU path
+    does; None for anything else (decoded on the CPU instead). Whole: ending in the end-of-image marker. nvJPEG
+    decodes a file cut off in its scan without an error (seen on an H200), where libjpeg reports it; such
+    files go to the CPU path, which reports them as unreadable."""
+    if bytes(data[-len(JPEG_END) :]) != JPEG_END:
+        return None
     if decode.torchlab_jpeg is not None:
         header = decode.torchlab_jpeg.image_size(data)
         return header[:2] if header is not None and header[2] else None
