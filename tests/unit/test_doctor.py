@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import ROOT, torchlab_command
-from torchlab import loader
+from torchlab import config, loader
+from torchlab.data import device_decode, splits
 from torchlab.tools import doctor
 
 MIB = 2**20
@@ -220,6 +221,20 @@ def test_the_decoder_row_says_where_train_py_decodes(sample_set, tmp_path):
     assert "--gpus all" in decoder.fix and "--decode cpu" in decoder.fix
     result = run_doctor("--data", sample_set, "--run-dir", tmp_path / "run", "--decode", "gpu")
     assert result.returncode == 1 and "fail  decoder" in result.stdout
+
+
+def test_the_shared_memory_row_sizes_batches_as_the_loader_does_with_decode_gpu(sample_set, tmp_path):
+    """With --decode gpu the workers send encoded files, which the loader budgets by their size (here larger than
+    32 px crops): the doctor's row uses the same figure."""
+    report = doctor.run_checks(str(sample_set), workers=2, prefetch_factor=4, batch_size=8, image_size=32,
+                               run_dir=str(tmp_path / "run"), decoder="gpu")  # fmt: skip
+    shm = next(check for check in report if check.name == "shared memory")
+    _, train_index, _ = splits.load_splits(str(sample_set), config.DEFAULTS.val_fraction, config.DEFAULTS.seed)
+    encoded = device_decode.EncodedImageDataset(train_index, 32, train=True, seed=0)
+    one_batch_bytes = loader.dataset_batch_bytes(encoded, 8)
+    assert one_batch_bytes > loader.batch_bytes(8, 32)
+    assert shm.facts["needed"] == (2 * 4 + loader.BATCHES_HELD_BY_MAIN) * one_batch_bytes
+    assert "x 8 encoded files of" in shm.detail
 
 
 def test_nvjpeg_check_compares_with_the_cpu_decode():

@@ -312,8 +312,8 @@ def check_data(data_dir, batch_size, val_fraction, seed):
 
 
 def indexed_data_check(data_dir, batch_size, val_fraction, seed):
-    """check_data's row, and the training index it read (None where it could not): run_checks hands that to
-    check_decoder, so that a large --data is scanned once."""
+    """check_data's row, and the training index it read (None where it could not): run_checks resolves --decode
+    and sizes the loader's batches on it, so that a large --data is scanned once."""
     problem = data_folder_problem(data_dir)
     if problem is not None:
         return problem, None
@@ -351,13 +351,20 @@ def indexed_data_check(data_dir, batch_size, val_fraction, seed):
     return Check("data", status, detail, fix, facts), train_index
 
 
-def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, processes=1):
+def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, processes=1, one_batch_bytes=None):
     """Whether /dev/shm ((size, free) bytes, or None) holds the batches the loader keeps there, judged by the
     loader's own loader.fit_shared_memory: facts["loader_workers"] and ["loader_prefetch_factor"] are what
-    train.py will use."""
+    train.py will use. one_batch_bytes: a batch's bytes as the loader counts them (loader.dataset_batch_bytes
+    of train.py's dataset: encoded files with --decode gpu); None: decoded image_size crops."""
+    decoded_batch_bytes = loader.batch_bytes(batch_size, image_size)
+    one_batch_bytes = one_batch_bytes or decoded_batch_bytes
     fit = loader.fit_shared_memory(
-        workers, prefetch_factor, loader.batch_bytes(batch_size, image_size), None if shm is None else shm[1], processes
+        workers, prefetch_factor, one_batch_bytes, None if shm is None else shm[1], processes
     )
+    samples = (
+        f"images of {image_size}x{image_size}x3 uint8" if one_batch_bytes == decoded_batch_bytes
+        else f"encoded files of {format_bytes(one_batch_bytes // batch_size)} (twice their mean size)"
+    )  # fmt: skip
     suggested_gib = max(SUGGESTED_SHM_GIB, math.ceil(SHM_HEADROOM * fit.needed / GIB))
     fix = (
         f"start the container with --shm-size={suggested_gib}g (or --ipc=host), "
@@ -365,7 +372,7 @@ def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, p
     )
     need_text = (
         f"({workers} workers x {prefetch_factor} prefetched + {loader.BATCHES_HELD_BY_MAIN} held) x {batch_size} "
-        f"images of {image_size}x{image_size}x3 uint8{f' x {processes} processes' if processes > 1 else ''} = "
+        f"{samples}{f' x {processes} processes' if processes > 1 else ''} = "
         f"{format_bytes(fit.needed)}"
     )
     if shm is None:
@@ -449,17 +456,13 @@ def nvjpeg_error(device):
     return None if difference <= DEVICE_DECODE_TOLERANCE else f"its pixels differ by {difference:.1f} levels on average"
 
 
-def check_decoder(decoder, workers, train_index, autotuned):
-    """Where train.py will decode images (--decode as train.py resolves it: device_decode.resolve_decoder, on
-    `train_index`, None when the data could not be read), and for gpu whether nvJPEG works on this GPU."""
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+def check_decoder(decoder, device, workers, autotuned):
+    """Where train.py will decode images on `device` (--decode as train.py resolves it:
+    device_decode.resolve_decoder), and for gpu whether nvJPEG works on this GPU."""
     facts = {"decode": decoder, "autotuned": autotuned}
     if decoder == "gpu" and device == "cpu":
         return Check("decoder", FAIL, "--decode gpu, but no CUDA device is visible: train.py stops",
                      fix=f"{GPUS_FIX}, or use --decode cpu or auto", facts=facts)  # fmt: skip
-    decoder = facts["decode"] = device_decode.resolve_decoder(
-        decoder, device, [] if train_index is None else train_index
-    )
     how = " (autotuned)" if autotuned else ""
     if decoder == "cpu":
         why = ": no CUDA device" if device == "cpu" else ""
@@ -498,10 +501,17 @@ def run_checks(
     report.extend(check_gpus())
     data_check, train_index = indexed_data_check(data_dir, batch_size, defaults.val_fraction, defaults.seed)
     report.append(data_check)
-    shm = loader.shared_memory_bytes()
-    report.append(check_shared_memory(shm, choice.workers, choice.prefetch_factor, batch_size, image_size, processes))
+    # --decode and the dataset as train.py resolves and builds them, on the index read once for the data row.
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    index = [] if train_index is None else train_index
+    decoder = device_decode.resolve_decoder(choice.decode, device, index)
+    dataset = device_decode.make_dataset(decoder, index, image_size, True, defaults.seed, True)
+    report.append(check_shared_memory(
+        loader.shared_memory_bytes(), choice.workers, choice.prefetch_factor, batch_size, image_size, processes,
+        one_batch_bytes=loader.dataset_batch_bytes(dataset, batch_size),
+    ))  # fmt: skip
     report.append(check_cpus(choice.workers, processes))
-    report.append(check_decoder(choice.decode, choice.workers, train_index, choice.autotuned))
+    report.append(check_decoder(decoder, device, choice.workers, choice.autotuned))
     report.append(check_run_dir(run_dir))
     return report
 
