@@ -7,7 +7,7 @@ two sizes, ImageNet's usual 465x384 and 1600x1200, draws RandomResizedCrop boxes
 resizer:
 
   pillow       Pillow's BILINEAR with reducing_gap 3.0 (decode.RESIZE_REDUCING_GAP): the reference
-  torch        torch.nn.functional.interpolate(mode="bilinear", antialias=True) on uint8, as decode.region_crop
+  torch        torch.nn.functional.interpolate(mode="bilinear", antialias=True) on uint8: decode.resize_box
   opencv       cv2.resize: INTER_AREA when the crop shrinks more than 2x each way, else INTER_LINEAR (when cv2
                imports)
   pillow-simd  the same call as pillow, in a child process whose PIL is Pillow-SIMD (--pillow-simd DIR: a
@@ -92,12 +92,11 @@ def pillow_resize(crop, size):
 
 
 def torch_resize(crop, size):
-    """decode.region_crop's resize: HWC uint8 in, HWC uint8 out."""
+    """The training path's resize, decode.resize_box on the whole crop (as decode.region_crop calls it, on
+    channels_last uint8): HWC uint8 in, HWC uint8 out."""
+    height, width = crop.shape[:2]
     pixels = torch.from_numpy(crop).permute(2, 0, 1)[None]
-    resized = torch.nn.functional.interpolate(
-        pixels, size=(size, size), mode="bilinear", antialias=True, align_corners=False
-    )
-    return resized[0].permute(1, 2, 0).numpy()
+    return decode.resize_box(pixels, (0, 0, width, height), size, flip=False)[0].permute(1, 2, 0).numpy()
 
 
 def opencv_resize(cv2, crop, size):
