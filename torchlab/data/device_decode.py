@@ -9,7 +9,8 @@ offers it no region), so the box is cut from the full decode and resized by the 
 (decode.resize_box), in float (no rounding back to uint8 before normalising).
 
 What the device does not decode falls back to the CPU path for that sample: files that are not baseline
-JPEGs in YCbCr, RGB or grey (PNG, progressive, CMYK, ...) are decoded in the worker, as --decode cpu does;
+JPEGs in YCbCr, RGB or grey (PNG, progressive, CMYK, ...), or that are cut off before their end-of-image
+marker, are decoded in the worker, as --decode cpu does;
 a file nvJPEG refuses is decoded in the main process by the CPU path; one that neither can read is dropped
 from the batch and reported like any unreadable image (DeviceDecoder.take_unreadable).
 """
