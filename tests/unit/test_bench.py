@@ -1,5 +1,7 @@
 """bench.py and bench_data.py: the same output from every pipeline, deterministic data, flat worker memory."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -112,3 +114,20 @@ def test_the_ready_rows_read_torchlabs_loaders_without_the_device_step(bench_set
         assert ready.loader is pipelines[name].loader
         images, labels = ready.to_device(*next(iter(ready.loader))[:2])
         assert images.dtype == torch.uint8 and images.shape == (4, 224, 224, 3) and len(labels) == 4
+
+
+def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    try:
+        bench.main(["--images", "24", "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out"),
+                    "--repetitions", "1", "--batch-size", "4", "--device", "cpu"])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)  # main runs this process on one thread, as the bench does
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert set(report["pipelines"]) == {"naive", "classic", "torchlab", "torchlab-prepared"}
+    for name, row in report["pipelines"].items():
+        assert row["images_per_sec"] > 0 and 0 <= row["data_wait_frac"] <= 1, name
+    assert report["pipelines"]["torchlab"]["ready_images_per_sec"] > 0
+    assert all(rate > 0 for rate in report["ceilings"].values()), report["ceilings"]
+    assert (tmp_path / "out" / "bench.png").stat().st_size > 0
+    assert "torchlab / decode-only ceiling" in capsys.readouterr().out

@@ -187,7 +187,7 @@ class ReadyMadeSamples(torch.utils.data.Dataset):
 def transport_pipeline(length, batch_size, device):
     settings, image_size, _ = torchlab_settings(batch_size)
     data_loader = loader.build_loader(ReadyMadeSamples(length, image_size), settings, device, train=True)
-    return Pipeline("transport", data_loader, lambda images, labels: (images, labels), settings.workers)
+    return Pipeline("transport", data_loader, KeepOnHost(), settings.workers)
 
 
 def seconds_per_item(function, items):
@@ -402,8 +402,16 @@ def plot(report, path):
     plt.close(figure)
 
 
-def keep_on_host(images, labels):
-    return images, labels
+class KeepOnHost:
+    """No device step, for the transport ceilings and the ready/s rows: the loader's batches as they come."""
+
+    def __call__(self, images, labels):
+        return images, labels
+
+    def batches(self, loader_batches):
+        """As loader.BatchToDevice.batches: (images, labels, unreadable positions) of each batch, on the host."""
+        for images, labels, *unreadable in loader_batches:
+            yield images, labels, unreadable[0].tolist() if unreadable else []
 
 
 def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
@@ -428,12 +436,12 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
             num_workers=transport.workers,
             persistent_workers=transport.workers > 0,
         ),
-        lambda images, labels: (images, labels),
+        KeepOnHost(),
         transport.workers,
     )
     ready = {
         f"{name}{READY_SUFFIX}": Pipeline(
-            f"{name}{READY_SUFFIX}", pipelines[name].loader, keep_on_host, transport.workers
+            f"{name}{READY_SUFFIX}", pipelines[name].loader, KeepOnHost(), transport.workers
         )
         for name in ("torchlab", "torchlab-prepared", GPU_DECODE)
         if name in pipelines
