@@ -131,3 +131,13 @@ def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
     assert all(rate > 0 for rate in report["ceilings"].values()), report["ceilings"]
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
     assert "torchlab / decode-only ceiling" in capsys.readouterr().out
+
+
+def test_the_gpu_decode_row_is_measured_as_the_others(bench_set, tmp_path):
+    # On a CPU device DeviceDecoder decodes with torchvision's CPU decoder: the row's machinery, a dry run.
+    prepared.prepare(str(bench_set), str(tmp_path / "prepared"), processes=2)
+    bench.run_bench(str(bench_set), str(tmp_path / "prepared"), str(tmp_path / "out"), batch_size=4, repetitions=1,
+                    device=torch.device("cpu"), print_line=lambda line: None, gpu_decode=True)  # fmt: skip
+    row = json.loads((tmp_path / "out" / "bench.json").read_text())["pipelines"][bench.GPU_DECODE]
+    assert row["images_per_sec"] > 0 and row["ready_images_per_sec"] > 0 and 0 <= row["data_wait_frac"] <= 1
+    assert row["limit"] in ("read file + augmentation draw", "collate", "transfer", "device step")

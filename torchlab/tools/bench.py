@@ -58,6 +58,7 @@ MAIN_PROCESS_STAGES = ("transfer", "device step")
 # device step leaves the CPU, so this is the figure that matters there).
 READY_SUFFIX = ":ready"
 GPU_DECODE = "torchlab-gpu-decode"  # a row only where CUDA is present
+NAME_WIDTH = len(GPU_DECODE)  # the report's column of row names fits the longest
 
 
 def naive_transform(image_size):
@@ -196,6 +197,17 @@ def seconds_per_item(function, items):
     return (time.perf_counter() - start) / len(items), results
 
 
+def device_step_seconds(to_device, batch, labels, device):
+    """Seconds per call of to_device on one batch (the mean of 4 calls), the device's queued work finished."""
+
+    def step(_):
+        to_device(batch, labels)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return seconds_per_item(step, [None] * 4)[0]
+
+
 def stage_timings(pipelines, train_index, prepared_index, batch_size, device, transport_rates):
     """Milliseconds per image of each stage, on one core, and the stage that limits each pipeline.
 
@@ -226,8 +238,7 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
         worker_seconds, samples = seconds_per_item(dataset.__getitem__, keys)
         samples = samples[:batch_size]
         collate_seconds, ((batch, labels, _),) = seconds_per_item(collate, [samples])
-        step = pipelines[name].to_device
-        device_step, _ = seconds_per_item(lambda batch, step=step, labels=labels: step(batch, labels), [batch] * 4)
+        device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
         worker_stage = "read file + augmentation draw" if name == GPU_DECODE else "decode+augmentation (fused)"
         stages = {
             worker_stage: worker_seconds,
@@ -335,10 +346,11 @@ def data_statistics(train_index):
 
 def ratio_table(results):
     names = list(results)
-    lines = [f"{'images/s ratio':<18}" + "".join(f"{name:>19}" for name in names)]
+    lines = [f"{'images/s ratio':<{NAME_WIDTH}}" + "".join(f"{name:>{NAME_WIDTH + 1}}" for name in names)]
     for name in names:
         rate = results[name]["images_per_sec"]
-        lines.append(f"{name:<18}" + "".join(f"{rate / results[other]['images_per_sec']:>18.2f}x" for other in names))
+        ratios = (rate / results[other]["images_per_sec"] for other in names)
+        lines.append(f"{name:<{NAME_WIDTH}}" + "".join(f"{ratio:>{NAME_WIDTH}.2f}x" for ratio in ratios))
     return lines
 
 
@@ -351,12 +363,12 @@ def report_lines(report):
         f"{report['machine']['usable_cpus']} usable CPUs; device {report['settings']['device']}; "
         f"median of {report['settings']['repetitions']} passes",
         "",
-        f"{'pipeline':<18} {'workers':>7} {'images/s':>9} {'min':>8} {'max':>8} {'vs naive':>8} {'vs classic':>10} "
-        f"{'data wait':>9} {'w/ fill':>8} {'ready/s':>8}  limit (per-stage timing)",
+        f"{'pipeline':<{NAME_WIDTH}} {'workers':>7} {'images/s':>9} {'min':>8} {'max':>8} {'vs naive':>8} "
+        f"{'vs classic':>10} {'data wait':>9} {'w/ fill':>8} {'ready/s':>8}  limit (per-stage timing)",
     ]
     for name, result in pipelines.items():
         lines.append(
-            f"{name:<18} {result['workers']:>7} {result['images_per_sec']:>9.1f} {min(result['runs']):>8.1f} "
+            f"{name:<{NAME_WIDTH}} {result['workers']:>7} {result['images_per_sec']:>9.1f} {min(result['runs']):>8.1f} "
             f"{max(result['runs']):>8.1f} {result['vs_naive']:>7.2f}x {result['vs_classic']:>9.2f}x "
             f"{result['data_wait_frac']:>9.1%} {result['data_wait_frac_with_fill']:>8.1%} "
             f"{format(result['ready_images_per_sec'], '8.1f') if result['ready_images_per_sec'] else '-':>8}  "
@@ -374,7 +386,7 @@ def report_lines(report):
     ]
     for name, timing in report["stages"].items():
         stages = ", ".join(f"{stage} {ms:.2f}" for stage, ms in timing["ms_per_image"].items())
-        lines.append(f"  {name:<18} {stages}  -> {timing['limit']}")
+        lines.append(f"  {name:<{NAME_WIDTH}} {stages}  -> {timing['limit']}")
     memory = report["worker_memory"]
     lines.append(
         f"worker memory per epoch, {memory['samples']:,}-sample index: SampleIndex "
@@ -414,8 +426,9 @@ class KeepOnHost:
             yield images, labels, unreadable[0].tolist() if unreadable else []
 
 
-def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
-    """The four pipelines compared, and the two transport ceilings (uint8 and float32 batches)."""
+def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decode=None):
+    """The four pipelines compared, the torchlab-gpu-decode row when gpu_decode is set (None: where `device` is
+    CUDA), and the transport ceilings (uint8 and float32 batches, and the ready/s rows)."""
     pipelines = {
         "naive": torchvision_pipeline("naive", os.path.join(data_root, "train"), batch_size, device, workers=0),
         "classic": torchvision_pipeline(
@@ -424,7 +437,7 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus):
         "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device),
         "torchlab-prepared": torchlab_pipeline("torchlab-prepared", prepared_root, batch_size, device),
     }
-    if device.type == "cuda":  # --decode gpu: the workers read files, the GPU decodes
+    if device.type == "cuda" if gpu_decode is None else gpu_decode:  # --decode gpu: the workers read, the GPU decodes
         pipelines[GPU_DECODE] = torchlab_pipeline(GPU_DECODE, data_root, batch_size, device, decoder="gpu")
     length = len(pipelines["torchlab"].loader.dataset)
     transport = transport_pipeline(length, batch_size, device)
@@ -484,13 +497,14 @@ def pipeline_rows(pipelines, runs, medians, waits, stages):
     return rows
 
 
-def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device, print_line=print):
-    """Measure everything on the files at data_root and prepared_root; write out_dir/bench.{json,png}."""
+def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device, print_line=print, gpu_decode=None):
+    """Measure everything on the files at data_root and prepared_root; write out_dir/bench.{json,png}. gpu_decode:
+    as make_pipelines (on a CPU device, DeviceDecoder decodes with torchvision's CPU decoder: a dry run)."""
     _, train_index, _ = splits.load_splits(data_root, 0.0, 0)
     _, prepared_train_index, _ = splits.load_splits(prepared_root, 0.0, 0)
     warm_page_cache([*(train_index.path(p) for p in range(len(train_index))), prepared_train_index.data_path])
     cpus = loader.usable_cpu_count()
-    pipelines, transports = make_pipelines(data_root, prepared_root, batch_size, device, cpus)
+    pipelines, transports = make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decode)
     decode_jobs = {
         "decode_only": (decode_file, [train_index.path(position) for position in range(len(train_index))]),
         "decode_only_prepared": (decode_prepared, [
