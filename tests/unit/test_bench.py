@@ -141,3 +141,18 @@ def test_the_gpu_decode_row_is_measured_as_the_others(bench_set, tmp_path):
     row = json.loads((tmp_path / "out" / "bench.json").read_text())["pipelines"][bench.GPU_DECODE]
     assert row["images_per_sec"] > 0 and row["ready_images_per_sec"] > 0 and 0 <= row["data_wait_frac"] <= 1
     assert row["limit"] in ("read file + augmentation draw", "collate", "transfer", "device step")
+
+
+def test_data_without_a_train_folder_is_benchmarked_as_train_py_reads_it(tmp_path):
+    root = tmp_path / "images"
+    for label in range(2):
+        (root / f"class_{label}").mkdir(parents=True)
+        for number in range(4):
+            Image.new("RGB", (64, 48), (60 * label, 40 * number, 90)).save(root / f"class_{label}" / f"{number}.jpg")
+    (root / ".ipynb_checkpoints").mkdir()  # Jupyter's: a class to torchvision, with no images
+    prepared.prepare(str(root), str(tmp_path / "prepared"), processes=2)
+    pipelines, _ = bench.make_pipelines(str(root), str(tmp_path / "prepared"), 4, torch.device("cpu"), 2)
+    for name in ("naive", "classic"):
+        assert len(pipelines[name].loader.dataset) == 8, name
+        images, labels = next(iter(pipelines[name].loader))
+        assert images.shape == (4, 3, 224, 224), name

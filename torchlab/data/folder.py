@@ -97,16 +97,20 @@ def hold_out(index, fraction, seed):
     return index.subset(np.sort(order[val_count:])), index.subset(np.sort(order[:val_count]))
 
 
+def train_folder(root):
+    """The folder of the training classes in the ImageFolder at `root`: ROOT/train where there is one, else ROOT."""
+    train_root = os.path.join(root, "train")
+    return train_root if os.path.isdir(train_root) else root
+
+
 def index_image_folder(root, val_fraction, seed):
     """Index the ImageFolder at `root`: (class_names, train SampleIndex, val SampleIndex). Raises DataError."""
     if not os.path.isdir(root):
         raise DataError(
             f"--data {root}: no such folder; mount your images there, e.g. docker run -v /path/to/images:{root} ..."
         )
-    train_root = os.path.join(root, "train")
-    has_train_folder = os.path.isdir(train_root)
-    if not has_train_folder:
-        train_root = root
+    train_root = train_folder(root)
+    has_train_folder = train_root != root
     class_names = list_class_names(train_root)
     if not class_names:
         raise DataError(f"{train_root}: no class folders (expected {train_root}/CLASS_NAME/IMAGE.jpg)")

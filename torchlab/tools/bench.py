@@ -89,7 +89,8 @@ class Pipeline:
 
 def torchvision_pipeline(name, train_root, batch_size, device, workers):
     """naive (workers=0) or classic: ImageFolder + torchvision transforms, float batches."""
-    dataset = torchvision.datasets.ImageFolder(train_root, transform=naive_transform(224))
+    # allow_empty: a class folder with no images (.ipynb_checkpoints, which torchvision counts as a class) is no error
+    dataset = torchvision.datasets.ImageFolder(train_root, transform=naive_transform(224), allow_empty=True)
     worker_options = {}
     if workers > 0:
         worker_options = {"pin_memory": True, "prefetch_factor": 2, "persistent_workers": True}
@@ -429,10 +430,11 @@ class KeepOnHost:
 def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decode=None):
     """The four pipelines compared, the torchlab-gpu-decode row when gpu_decode is set (None: where `device` is
     CUDA), and the transport ceilings (uint8 and float32 batches, and the ready/s rows)."""
+    train_root = folder.train_folder(data_root)
     pipelines = {
-        "naive": torchvision_pipeline("naive", os.path.join(data_root, "train"), batch_size, device, workers=0),
+        "naive": torchvision_pipeline("naive", train_root, batch_size, device, workers=0),
         "classic": torchvision_pipeline(
-            "classic", os.path.join(data_root, "train"), batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)
+            "classic", train_root, batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)
         ),
         "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device),
         "torchlab-prepared": torchlab_pipeline("torchlab-prepared", prepared_root, batch_size, device),
@@ -567,7 +569,7 @@ def build_parser(prog):
     parser.add_argument(
         "--data",
         default=None,
-        help="benchmark these images instead (an ImageFolder with train/); its prepared copy goes to --cache-dir "
+        help="benchmark these images instead (laid out as train.py's --data); its prepared copy goes to --cache-dir "
         "(default: generated)",
     )
     parser.add_argument(
