@@ -10,7 +10,7 @@ import torch
 
 from conftest import ROOT, torchlab_command
 from torchlab import config, loader
-from torchlab.data import device_decode, splits
+from torchlab.data import device_decode, prepared, splits
 from torchlab.tools import doctor
 
 MIB = 2**20
@@ -58,6 +58,18 @@ def test_one_folder_of_classes_holds_out_the_val_fraction(sample_set, tmp_path):
     assert check.facts["layout"] == "single"
     assert (check.facts["train_images"], check.facts["val_images"]) == (72, 24)
     assert "25% held out" in check.detail
+
+
+def test_a_prepared_copy_and_a_lone_train_folder_are_described_as_they_are_split(sample_set, tmp_path):
+    prepared.prepare(str(sample_set), str(tmp_path / "prepared"), processes=2)
+    check = doctor.check_data(str(tmp_path / "prepared"), batch_size=16, val_fraction=0.25, seed=0)
+    assert check.status == doctor.OK and check.facts["layout"] == "prepared", check
+    assert (check.facts["train_images"], check.facts["val_images"]) == (96, 24)  # its own splits: nothing held out
+    assert "a prepared copy" in check.detail and "held out" not in check.detail
+    shutil.copytree(sample_set / "train", tmp_path / "train_only" / "train")
+    check = doctor.check_data(str(tmp_path / "train_only"), batch_size=16, val_fraction=0.25, seed=0)
+    assert check.facts["layout"] == "train" and (check.facts["train_images"], check.facts["val_images"]) == (72, 24)
+    assert "train/, 25% of it held out for val" in check.detail
 
 
 def test_fewer_images_than_one_batch_fail_and_one_class_warns(sample_set, tmp_path):

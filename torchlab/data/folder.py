@@ -103,6 +103,12 @@ def train_folder(root):
     return train_root if os.path.isdir(train_root) else root
 
 
+def val_folder(root):
+    """ROOT/val where the ImageFolder at `root` has both train/ and val/, else None (val is held out of train)."""
+    val_root = os.path.join(root, "val")
+    return val_root if train_folder(root) != root and os.path.isdir(val_root) else None
+
+
 def index_image_folder(root, val_fraction, seed):
     """Index the ImageFolder at `root`: (class_names, train SampleIndex, val SampleIndex). Raises DataError."""
     if not os.path.isdir(root):
@@ -110,12 +116,11 @@ def index_image_folder(root, val_fraction, seed):
             f"--data {root}: no such folder; mount your images there, e.g. docker run -v /path/to/images:{root} ..."
         )
     train_root = train_folder(root)
-    has_train_folder = train_root != root
     class_names = list_class_names(train_root)
     if not class_names:
         raise DataError(f"{train_root}: no class folders (expected {train_root}/CLASS_NAME/IMAGE.jpg)")
     train_index = scan_image_folder(train_root, class_names)
-    val_root = os.path.join(root, "val")
-    if has_train_folder and os.path.isdir(val_root):
+    val_root = val_folder(root)
+    if val_root is not None:
         return class_names, train_index, scan_image_folder(val_root, class_names)
     return (class_names, *hold_out(train_index, val_fraction, seed))

@@ -12,3 +12,13 @@ def load_splits(root, val_fraction, seed):
     if prepared.is_prepared(root):
         return prepared.open_prepared(root)
     return folder.index_image_folder(root, val_fraction, seed)
+
+
+def data_layout(root):
+    """How the data at `root` is laid out: "prepared" (a prepared copy), "train_val" (train/ and val/), "train"
+    (train/ alone: val is held out of it) or "single" (ROOT/CLASS: val is held out of it)."""
+    if prepared.is_prepared(root):
+        return "prepared"
+    if folder.val_folder(root) is not None:
+        return "train_val"
+    return "train" if folder.train_folder(root) != root else "single"

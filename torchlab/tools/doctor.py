@@ -317,7 +317,6 @@ def indexed_data_check(data_dir, batch_size, val_fraction, seed):
     problem = data_folder_problem(data_dir)
     if problem is not None:
         return problem, None
-    has_val_folder = all(os.path.isdir(os.path.join(data_dir, split)) for split in ("train", "val"))
     try:
         class_names, train_index, val_index = splits.load_splits(data_dir, val_fraction, seed)
     except folder.DataError as error:
@@ -327,14 +326,20 @@ def indexed_data_check(data_dir, batch_size, val_fraction, seed):
         fix = "on the host: chmod -R a+rX the folder"
         return Check("data", FAIL, f"cannot read {data_dir}: {error}", fix=fix), None
     mount = mount_of(data_dir)
-    layout = "train/ and val/" if has_val_folder else f"one folder of classes, {val_fraction:.0%} held out for val"
+    layout = splits.data_layout(data_dir)
+    described_layout = {
+        "prepared": "a prepared copy (torchlab prepare) with its own training and validation splits",
+        "train_val": "train/ and val/",
+        "train": f"train/, {val_fraction:.0%} of it held out for val",
+        "single": f"one folder of classes, {val_fraction:.0%} held out for val",
+    }[layout]
     shown = ", ".join(class_names[:CLASS_NAMES_SHOWN]) + (", ..." if len(class_names) > CLASS_NAMES_SHOWN else "")
     detail = (
-        f"{data_dir}, {describe_mount(mount)}: {layout}; {len(class_names)} classes ({shown}); "
+        f"{data_dir}, {describe_mount(mount)}: {described_layout}; {len(class_names)} classes ({shown}); "
         f"{len(train_index)} training and {len(val_index)} validation images"
     )
     facts = {
-        "layout": "train_val" if has_val_folder else "single",
+        "layout": layout,
         "mounted": mount is not None and not in_container_layer(mount),
         "classes": class_names,
         "train_images": len(train_index),
