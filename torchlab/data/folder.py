@@ -2,7 +2,8 @@
 
 Layout at --data, either
     DATA/train/CLASS/IMAGE and DATA/val/CLASS/IMAGE, or
-    DATA/CLASS/IMAGE, from which a seeded fraction (--val-fraction) is held out for validation.
+    DATA/CLASS/IMAGE (or DATA/train/CLASS/IMAGE alone), from which a seeded fraction (--val-fraction) is held
+    out for validation.
 Class folders may nest sub-folders. Names starting with a dot (.ipynb_checkpoints, .DS_Store) are skipped.
 The index is kept in numpy arrays (SampleIndex), so that forked loader workers share its pages.
 """
