@@ -272,9 +272,12 @@ def check_flags(flags):
         raise ConfigError(f"--weights {flags.weights}: no such file")
 
 
+NO_CUDA_DEVICE = "no CUDA device is visible (docker run --gpus all ...?)"
+
+
 def resolve_device(choice, processes):
     if choice == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is visible (docker run --gpus all ...?)")
+        raise ConfigError(f"--device cuda: {NO_CUDA_DEVICE}")
     if choice == "cpu" or not torch.cuda.is_available():
         return "cpu"
     return f"cuda:{processes.local_rank}"

@@ -156,3 +156,15 @@ def test_data_without_a_train_folder_is_benchmarked_as_train_py_reads_it(tmp_pat
         assert len(pipelines[name].loader.dataset) == 8, name
         images, labels = next(iter(pipelines[name].loader))
         assert images.shape == (4, 3, 224, 224), name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible: --device cuda is valid here")
+def test_device_cuda_without_a_gpu_is_one_line_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--device", "cuda", "--cache-dir", str(tmp_path / "cache")])
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr().err
+        == "torchlab bench: error: --device cuda: no CUDA device is visible (docker run --gpus all ...?)\n"
+    )
+    assert not (tmp_path / "cache").exists()

@@ -587,6 +587,8 @@ def build_parser(prog):
 
 def main(argv=None, prog="torchlab bench"):
     args = build_parser(prog).parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        io.exit_with_error(prog, f"--device cuda: {config.NO_CUDA_DEVICE}")
     cache_dir = os.path.expanduser(args.cache_dir)
     data_root = args.data or os.path.join(cache_dir, f"images-{args.images}-seed0")
     if args.data is None:

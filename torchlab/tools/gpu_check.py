@@ -162,7 +162,7 @@ def build_parser(prog):
 def main(argv=None, prog="torchlab gpu-check"):
     args = build_parser(prog).parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        io.exit_with_error(prog, "no CUDA device is visible (docker run --gpus all ...?); --device cpu is a dry run")
+        io.exit_with_error(prog, f"{config.NO_CUDA_DEVICE}; --device cpu is a dry run")
     device = torch.device(args.device)
     cache_dir = os.path.expanduser(args.cache_dir)
     data_root = os.path.join(cache_dir, f"images-{args.images}")
