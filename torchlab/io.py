@@ -31,6 +31,22 @@ def exit_with_error(prog, message, status=USAGE_ERROR_STATUS):
     sys.exit(status)
 
 
+def writable_folder(prog, path, label):
+    """Make the folder `path` (and its parents) and check that this user can write in it, before a command's
+    work starts; where not, one line that begins with `label` (the flag and its value, say) and exit 2."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        exit_with_error(prog, f"{label}: a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        exit_with_error(
+            prog, f"{label}: cannot write there ({error.strerror or error}); expected a folder this user can write"
+        )
+    return path
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse, but its errors are one line (no usage block), like every other input error here."""
 
@@ -104,7 +120,10 @@ def publish_folder(out_dir, write_into, settings):
 
 
 def report_published(prog, out_dir, write):
-    """Run write() (which publishes out_dir atomically) and say what it did; a clash is one line and exit 2."""
+    """Run write() (which publishes out_dir atomically) and say what it did; a clash, or a parent folder this
+    user cannot write in, is one line and exit 2."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    writable_folder(prog, parent, f"{out_dir}: its parent folder {parent}")
     try:
         written = write()
     except FileExistsError as error:

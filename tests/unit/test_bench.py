@@ -168,3 +168,28 @@ def test_device_cuda_without_a_gpu_is_one_line_before_any_work(tmp_path, capsys)
         == "torchlab bench: error: --device cuda: no CUDA device is visible (docker run --gpus all ...?)\n"
     )
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--images", "5"), "argument --images: expected an integer >= 10, got '5'"),
+        (("--cache-dir", "{file}/cache"), "--cache-dir {file}/cache: cannot write there (Not a directory)"),
+        (("--out-dir", "{file}/out"), "--out-dir {file}/out: cannot write there (Not a directory)"),
+        (("--data", "{tiny}", "--batch-size", "4"), "{tiny}: 3 training images, fewer than one batch (--batch-size 4)"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, flags, message):
+    (tmp_path / "file").write_bytes(b"")
+    for number in range(3):
+        (tmp_path / "tiny" / "cat").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (32, 32)).save(tmp_path / "tiny" / "cat" / f"{number}.jpg")
+    paths = {"file": tmp_path / "file", "tiny": tmp_path / "tiny"}
+    threads = torch.get_num_threads()
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out"), "--device", "cpu",
+                    *(flag.format(**paths) for flag in flags)])  # fmt: skip
+    torch.set_num_threads(threads)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"torchlab bench: error: {message.format(**paths)}"), err

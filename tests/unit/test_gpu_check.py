@@ -41,3 +41,20 @@ def test_without_cuda_it_says_so_in_one_line():
     assert result.stderr == (
         "torchlab gpu-check: error: no CUDA device is visible (docker run --gpus all ...?); --device cpu is a dry run\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--images", "20", "--batch-size", "32"), "--images 20: fewer than one batch (--batch-size 32)"),
+        (("--out-dir", "{file}/out"), "--out-dir {file}/out: cannot write there (Not a directory)"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_work(tmp_path, flags, message):
+    (tmp_path / "file").write_bytes(b"")
+    flags = [flag.format(file=tmp_path / "file") for flag in flags]
+    command = torchlab_command("gpu-check", "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), *flags)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"torchlab gpu-check: error: {message.format(file=tmp_path / 'file')}")
+    assert not (tmp_path / "cache" / "images-20").exists()  # nothing generated

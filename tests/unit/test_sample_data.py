@@ -56,3 +56,14 @@ def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
         sample_data.write_sample_data(str(tmp_path / "set"), classes=2, per_class=1, val_per_class=1, seed=0)
 
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_it_cannot_write_in_is_one_line(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    result = subprocess.run(torchlab_command("sample-data", str(tmp_path / "file" / "samples")),
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"torchlab sample-data: error: {tmp_path}/file/samples: its parent folder {tmp_path}/file: "
+        "a file, not a folder\n"
+    )

@@ -503,6 +503,10 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
     """Measure everything on the files at data_root and prepared_root; write out_dir/bench.{json,png}. gpu_decode:
     as make_pipelines (on a CPU device, DeviceDecoder decodes with torchvision's CPU decoder: a dry run)."""
     _, train_index, _ = splits.load_splits(data_root, 0.0, 0)
+    if len(train_index) < batch_size:  # every pipeline drops a last, partial batch: it would time nothing
+        raise folder.DataError(
+            f"{data_root}: {len(train_index)} training images, fewer than one batch (--batch-size {batch_size})"
+        )
     _, prepared_train_index, _ = splits.load_splits(prepared_root, 0.0, 0)
     warm_page_cache([*(train_index.path(p) for p in range(len(train_index))), prepared_train_index.data_path])
     cpus = loader.usable_cpu_count()
@@ -559,7 +563,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
 def build_parser(prog):
     parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--images", type=config.positive_int, default=2000, help="generated training images (default: 2000)"
+        "--images", type=bench_data.image_count, default=2000, help="generated training images (default: 2000)"
     )
     parser.add_argument(
         "--cache-dir",
@@ -589,7 +593,8 @@ def main(argv=None, prog="torchlab bench"):
     args = build_parser(prog).parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         io.exit_with_error(prog, f"--device cuda: {config.NO_CUDA_DEVICE}")
-    cache_dir = os.path.expanduser(args.cache_dir)
+    cache_dir = io.writable_folder(prog, os.path.expanduser(args.cache_dir), f"--cache-dir {args.cache_dir}")
+    io.writable_folder(prog, args.out_dir, f"--out-dir {args.out_dir}")
     data_root = args.data or os.path.join(cache_dir, f"images-{args.images}-seed0")
     if args.data is None:
         print(f"generating {args.images} images in {data_root} (once) ...", flush=True)
@@ -605,15 +610,18 @@ def main(argv=None, prog="torchlab bench"):
     torch.set_num_threads(1)
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     warnings.filterwarnings("ignore", message=".*pin_memory.*")  # classic's pin_memory without a GPU
-    run_bench(
-        data_root,
-        prepared_root,
-        args.out_dir,
-        args.batch_size,
-        args.repetitions,
-        torch.device("cuda" if use_cuda else "cpu"),
-        print_line=lambda line: print(line, flush=True),
-    )
+    try:
+        run_bench(
+            data_root,
+            prepared_root,
+            args.out_dir,
+            args.batch_size,
+            args.repetitions,
+            torch.device("cuda" if use_cuda else "cpu"),
+            print_line=lambda line: print(line, flush=True),
+        )
+    except folder.DataError as error:
+        io.exit_with_error(prog, error)
 
 
 if __name__ == "__main__":

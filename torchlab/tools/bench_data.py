@@ -20,10 +20,11 @@ import os
 import numpy as np
 from PIL import Image
 
-from torchlab import io, loader
+from torchlab import config, io, loader
 from torchlab.tools import sample_data
 
 CLASSES = 10
+image_count = config.number(int, CLASSES)  # --images: one training image per class at least
 VAL_SHARE = 0.05  # val/ images per train/ image
 LARGE_SHARE = 0.03  # the share of large photos (1024 px and more on the long side)
 LARGE_LONG_SIDE = (1024, 1400)
@@ -107,7 +108,7 @@ def write_bench_data(out_dir, images, seed=0, processes=None):
 def main(argv=None, prog="python -m torchlab.tools.bench_data"):
     parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to create, e.g. ~/.cache/torchlab/bench-data-2000")
-    parser.add_argument("--images", type=int, default=2000, help="training images (default: 2000)")
+    parser.add_argument("--images", type=image_count, default=2000, help="training images (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: 0)")
     args = parser.parse_args(argv)
     io.report_published(prog, args.out_dir, lambda: write_bench_data(args.out_dir, args.images, args.seed))

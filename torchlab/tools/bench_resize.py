@@ -339,6 +339,7 @@ def main(argv=None, prog="torchlab bench-resize"):
     args = build_parser(prog).parse_args(argv)
     if args.pillow_simd is not None and not os.path.isdir(args.pillow_simd):
         io.exit_with_error(prog, f"--pillow-simd {args.pillow_simd}: not a folder (pip install --target DIR makes one)")
+    io.writable_folder(prog, args.out_dir, f"--out-dir {args.out_dir}")
     torch.set_num_threads(1)  # one thread, as in each loader worker
     return run_bench_resize(args, print_line=lambda line: print(line, flush=True))
 

@@ -145,7 +145,7 @@ def report_lines(report):
 
 def build_parser(prog):
     parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=config.positive_int, default=4000, help="generated images (default: 4000)")
+    parser.add_argument("--images", type=bench_data.image_count, default=4000, help="generated images (default: 4000)")
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="where the images and their prepared copy "
                         f"are kept (default: {DEFAULT_CACHE_DIR})")  # fmt: skip
     parser.add_argument("--out-dir", default="gpu-check", help="where gpu_check.json goes (default: gpu-check)")
@@ -163,8 +163,11 @@ def main(argv=None, prog="torchlab gpu-check"):
     args = build_parser(prog).parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         io.exit_with_error(prog, f"{config.NO_CUDA_DEVICE}; --device cpu is a dry run")
+    if args.images < args.batch_size:
+        io.exit_with_error(prog, f"--images {args.images}: fewer than one batch (--batch-size {args.batch_size})")
     device = torch.device(args.device)
-    cache_dir = os.path.expanduser(args.cache_dir)
+    cache_dir = io.writable_folder(prog, os.path.expanduser(args.cache_dir), f"--cache-dir {args.cache_dir}")
+    io.writable_folder(prog, args.out_dir, f"--out-dir {args.out_dir}")
     data_root = os.path.join(cache_dir, f"images-{args.images}")
     print(f"generating {args.images} images in {data_root} and a prepared copy (once) ...", flush=True)
     bench_data.write_bench_data(data_root, args.images)
