@@ -31,19 +31,26 @@ def exit_with_error(prog, message, status=USAGE_ERROR_STATUS):
     sys.exit(status)
 
 
-def writable_folder(prog, path, label):
-    """Make the folder `path` (and its parents) and check that this user can write in it, before a command's
-    work starts; where not, one line that begins with `label` (the flag and its value, say) and exit 2."""
+def unwritable_reason(path):
+    """Make the folder `path` (and its parents) and check that this user can write in it: None where so, else why
+    not, in words."""
     if os.path.exists(path) and not os.path.isdir(path):
-        exit_with_error(prog, f"{label}: a file, not a folder")
+        return "a file, not a folder"
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as error:
-        exit_with_error(
-            prog, f"{label}: cannot write there ({error.strerror or error}); expected a folder this user can write"
-        )
+        return f"cannot write there ({error.strerror or error}); expected a folder this user can write"
+    return None
+
+
+def writable_folder(prog, path, label):
+    """unwritable_reason before a command's work starts: where `path` is no folder this user can write, one line
+    that begins with `label` (the flag and its value, say) and exit 2. Returns path."""
+    reason = unwritable_reason(path)
+    if reason is not None:
+        exit_with_error(prog, f"{label}: {reason}")
     return path
 
 

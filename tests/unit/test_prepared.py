@@ -92,3 +92,45 @@ def test_a_copy_whose_source_changed_is_refused(sample_set, tmp_path):
     victim.write_bytes(victim.read_bytes() + b"\0")
     with pytest.raises(folder.DataError, match="has changed since it was prepared"):
         splits.load_splits(str(tmp_path / "copy"), 0.1, 0)
+
+
+def test_a_folder_that_is_not_a_prepared_copy_is_never_written_into(sample_set, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(sample_set, source)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / prepared.DATA_FILE).write_bytes(b"someone else's data")  # prepare would truncate its own
+    file = tmp_path / "file"
+    file.write_bytes(b"")
+    refusals = {
+        source: "inside its source",
+        source / "train": "inside its source",
+        theirs: "exists and is not a prepared copy",
+        file: "a file, not a folder",
+        file / "copy": "cannot write there",
+    }
+    before = {path: path.read_bytes() for path in source.rglob("*") if path.is_file()}
+    for out_dir, message in refusals.items():
+        with pytest.raises(folder.DataError, match=message):
+            prepared.prepare(str(source), str(out_dir), processes=1)
+    assert {path: path.read_bytes() for path in source.rglob("*") if path.is_file()} == before
+    assert sorted(path.name for path in source.rglob("*") if path.is_dir()) == sorted(
+        path.name for path in sample_set.rglob("*") if path.is_dir()
+    )
+    assert (theirs / prepared.DATA_FILE).read_bytes() == b"someone else's data"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--quality", "0"), "argument --quality: expected an integer >= 1 and <= 100, got '0'"),
+        (("--short-side", "-5"), "argument --short-side: expected an integer > 0 and <= 4096, got '-5'"),
+        (("--val-fraction", "1.5"), "argument --val-fraction: expected a number >= 0 and < 1, got '1.5'"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_code_2(sample_set, tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        prepared.main([str(sample_set), str(tmp_path / "copy"), *flags])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"torchlab prepare: error: {message}")
+    assert not (tmp_path / "copy").exists()

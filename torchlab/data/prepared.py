@@ -27,7 +27,7 @@ from io import BytesIO
 import numpy as np
 from PIL import Image
 
-from torchlab import io, loader
+from torchlab import config, io, loader
 from torchlab.data import decode, folder
 
 DATA_FILE = "images.bin"
@@ -36,7 +36,9 @@ LENGTHS_FILE = "lengths.partial"  # int64 byte length of each image written so f
 PROGRESS_FILE = "progress.json"  # images and bytes of images.bin and lengths.partial known to be on disk
 FORMAT_VERSION = 1
 CHECKPOINT_IMAGES = 256
+jpeg_quality = config.number(int, 1, at_most=100)  # --quality
 SPLITS = ("train", "val")
+OWN_FILES = (DATA_FILE, INDEX_FILE, LENGTHS_FILE, PROGRESS_FILE)  # what a prepared copy's folder holds
 
 
 def source_fingerprint(root, paths):
@@ -96,6 +98,22 @@ def read_progress(out_dir, settings):
     return progress["images"], progress["bytes"]
 
 
+def check_out_dir(source, out_dir):
+    """Raise folder.DataError where writing a prepared copy at `out_dir` would touch what is not its own: a
+    folder inside (or equal to) `source`, or one that holds other files (images.bin would be truncated)."""
+    source_path, out_path = os.path.realpath(source), os.path.realpath(out_dir)
+    if out_path == source_path or out_path.startswith(source_path + os.sep):
+        raise folder.DataError(f"{out_dir}: inside its source {source}; write the prepared copy outside it")
+    if not os.path.isdir(out_dir):
+        return
+    entries = set(os.listdir(out_dir))
+    foreign = {name for name in entries if name not in OWN_FILES and not io.TEMP_NAME.fullmatch(name)}
+    if foreign or (entries and not entries & {INDEX_FILE, LENGTHS_FILE, PROGRESS_FILE}):
+        raise folder.DataError(
+            f"{out_dir}: exists and is not a prepared copy; not writing into it (expected a new or empty folder)"
+        )
+
+
 def prepare(source, out_dir, short_side=256, quality=90, val_fraction=0.1, seed=0, processes=None):
     """Convert the ImageFolder at `source` into a prepared copy at `out_dir`, continuing an interrupted run.
 
@@ -111,10 +129,13 @@ def prepare(source, out_dir, short_side=256, quality=90, val_fraction=0.1, seed=
         "val_fraction": val_fraction,
         "seed": seed,
     }
+    check_out_dir(source, out_dir)
     if os.path.exists(os.path.join(out_dir, INDEX_FILE)):
         open_prepared(out_dir)  # raises when the source changed since
         return False
-    os.makedirs(out_dir, exist_ok=True)
+    reason = io.unwritable_reason(out_dir)
+    if reason is not None:
+        raise folder.DataError(f"{out_dir}: {reason}")
     done, done_bytes = read_progress(out_dir, settings)
     data_path, lengths_path = os.path.join(out_dir, DATA_FILE), os.path.join(out_dir, LENGTHS_FILE)
     for path, size in ((data_path, done_bytes), (lengths_path, done * 8)):
@@ -233,16 +254,20 @@ def main(argv=None, prog="torchlab prepare"):
     parser.add_argument("source", help="an ImageFolder, as train.py's --data takes it")
     parser.add_argument("out_dir", help="the prepared copy to write (or to finish, after an interruption)")
     parser.add_argument(
-        "--short-side", type=int, default=256, help="short side of the stored images, px (default: 256)"
+        "--short-side", type=config.image_size, default=256, help="short side of the stored images, px (default: 256)"
     )
-    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of the stored images (default: 90)")
+    parser.add_argument(
+        "--quality", type=jpeg_quality, default=90, help="JPEG quality of the stored images, 1-100 (default: 90)"
+    )
     parser.add_argument(
         "--val-fraction",
-        type=float,
+        type=config.fraction,
         default=0.1,
         help="share held out for validation when SOURCE has no val/ folder (default: 0.1)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of that hold-out, as train.py's --seed (default: 0)")
+    parser.add_argument(
+        "--seed", type=config.seed, default=0, help="seed of that hold-out, as train.py's --seed (default: 0)"
+    )
     args = parser.parse_args(argv)
     try:
         written = prepare(args.source, args.out_dir, args.short_side, args.quality, args.val_fraction, args.seed)
