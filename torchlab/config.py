@@ -270,6 +270,9 @@ def check_flags(flags):
         raise ConfigError("--compile: torch.compile needs a C++ compiler (g++, or $CXX) and none is on PATH")
     if flags.weights is not None and not os.path.isfile(flags.weights):
         raise ConfigError(f"--weights {flags.weights}: no such file")
+    run_dir_problem = None if flags.autotune else io.unwritable_reason(flags.run_dir)  # --autotune writes no run
+    if run_dir_problem is not None:
+        raise ConfigError(f"--run-dir {flags.run_dir}: {run_dir_problem}")
 
 
 NO_CUDA_DEVICE = "no CUDA device is visible (docker run --gpus all ...?)"

@@ -31,26 +31,32 @@ def exit_with_error(prog, message, status=USAGE_ERROR_STATUS):
     sys.exit(status)
 
 
+def nearest_existing(path):
+    """`path` made absolute, or its nearest parent that exists."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    return existing
+
+
 def unwritable_reason(path):
-    """Make the folder `path` (and its parents) and check that this user can write in it: None where so, else why
-    not, in words."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return "a file, not a folder"
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as error:
-        return f"cannot write there ({error.strerror or error}); expected a folder this user can write"
+    """Why this user could not make the folder `path` or write in it (None where it could), found without
+    creating anything: `path`, or its nearest existing parent, must be a folder this user may write in."""
+    existing = nearest_existing(path)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):  # also false on a read-only mount
+        return f"{existing} is not a folder that UID {os.getuid()} can write in"
     return None
 
 
 def writable_folder(prog, path, label):
-    """unwritable_reason before a command's work starts: where `path` is no folder this user can write, one line
+    """Make the folder `path` before a command's work starts; where this user cannot (unwritable_reason), one line
     that begins with `label` (the flag and its value, say) and exit 2. Returns path."""
     reason = unwritable_reason(path)
     if reason is not None:
         exit_with_error(prog, f"{label}: {reason}")
+    os.makedirs(path, exist_ok=True)
     return path
 
 
@@ -129,8 +135,7 @@ def publish_folder(out_dir, write_into, settings):
 def report_published(prog, out_dir, write):
     """Run write() (which publishes out_dir atomically) and say what it did; a clash, or a parent folder this
     user cannot write in, is one line and exit 2."""
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    writable_folder(prog, parent, f"{out_dir}: its parent folder {parent}")
+    writable_folder(prog, os.path.dirname(os.path.abspath(out_dir)), out_dir)
     try:
         written = write()
     except FileExistsError as error:

@@ -1,5 +1,7 @@
 """Bad input to train.py: one line on stderr, exit code 2, and no run directory."""
 
+import os
+
 import pytest
 
 from conftest import run_train
@@ -116,3 +118,18 @@ def test_compile_without_a_compiler_says_what_is_missing(
         "train.py: error: --compile: torch.compile needs a C++ compiler (g++, or $CXX) and none is on PATH\n"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_it_cannot_write_is_refused_before_the_run(tmp_path, capsys, sample_set, signal_handlers_restored):
+    (tmp_path / "file").write_bytes(b"")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    refusals = {tmp_path / "file" / "run": f"{tmp_path / 'file'} is a file, not a folder"}
+    if os.getuid() != 0:  # root may write anywhere
+        refusals[locked / "run"] = f"{locked} is not a folder that UID {os.getuid()} can write in"
+    for run_dir, reason in refusals.items():
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(["--data", str(sample_set), "--run-dir", str(run_dir), "--device", "cpu"])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err == f"train.py: error: --run-dir {run_dir}: {reason}\n"
+    assert list(locked.iterdir()) == []

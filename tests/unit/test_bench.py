@@ -174,8 +174,8 @@ def test_device_cuda_without_a_gpu_is_one_line_before_any_work(tmp_path, capsys)
     ("flags", "message"),
     [
         (("--images", "5"), "argument --images: expected an integer >= 10, got '5'"),
-        (("--cache-dir", "{file}/cache"), "--cache-dir {file}/cache: cannot write there (Not a directory)"),
-        (("--out-dir", "{file}/out"), "--out-dir {file}/out: cannot write there (Not a directory)"),
+        (("--cache-dir", "{file}/cache"), "--cache-dir {file}/cache: {file} is a file, not a folder"),
+        (("--out-dir", "{file}/out"), "--out-dir {file}/out: {file} is a file, not a folder"),
         (("--data", "{tiny}", "--batch-size", "4"), "{tiny}: 3 training images, fewer than one batch (--batch-size 4)"),
     ],
 )

@@ -47,7 +47,7 @@ def test_without_cuda_it_says_so_in_one_line():
     ("flags", "message"),
     [
         (("--images", "20", "--batch-size", "32"), "--images 20: fewer than one batch (--batch-size 32)"),
-        (("--out-dir", "{file}/out"), "--out-dir {file}/out: cannot write there (Not a directory)"),
+        (("--out-dir", "{file}/out"), "--out-dir {file}/out: {file} is a file, not a folder"),
     ],
 )
 def test_bad_input_is_one_line_before_any_work(tmp_path, flags, message):

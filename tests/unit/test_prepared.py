@@ -107,7 +107,7 @@ def test_a_folder_that_is_not_a_prepared_copy_is_never_written_into(sample_set, 
         source / "train": "inside its source",
         theirs: "exists and is not a prepared copy",
         file: "a file, not a folder",
-        file / "copy": "cannot write there",
+        file / "copy": "is a file, not a folder",
     }
     before = {path: path.read_bytes() for path in source.rglob("*") if path.is_file()}
     for out_dir, message in refusals.items():

@@ -64,6 +64,5 @@ def test_a_folder_it_cannot_write_in_is_one_line(tmp_path):
                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert result.returncode == 2
     assert result.stderr == (
-        f"torchlab sample-data: error: {tmp_path}/file/samples: its parent folder {tmp_path}/file: "
-        "a file, not a folder\n"
+        f"torchlab sample-data: error: {tmp_path}/file/samples: {tmp_path}/file is a file, not a folder\n"
     )

@@ -136,6 +136,7 @@ def prepare(source, out_dir, short_side=256, quality=90, val_fraction=0.1, seed=
     reason = io.unwritable_reason(out_dir)
     if reason is not None:
         raise folder.DataError(f"{out_dir}: {reason}")
+    os.makedirs(out_dir, exist_ok=True)
     done, done_bytes = read_progress(out_dir, settings)
     data_path, lengths_path = os.path.join(out_dir, DATA_FILE), os.path.join(out_dir, LENGTHS_FILE)
     for path, size in ((data_path, done_bytes), (lengths_path, done * 8)):

@@ -420,16 +420,12 @@ def check_cpus(workers, processes=1, cgroup_root=loader.CGROUP_ROOT):
 
 def check_run_dir(run_dir, fail_below=RUN_DIR_FAIL_BYTES, warn_below=RUN_DIR_WARN_BYTES):
     """Free disk where checkpoints go, whether they can be written there, and whether they outlive the container."""
-    path = os.path.abspath(run_dir)
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
+    path, existing = os.path.abspath(run_dir), io.nearest_existing(run_dir)
     name = "run dir"
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        return Check(
-            name, FAIL, f"{path}: cannot be written ({existing} is not a writable folder for UID {os.getuid()})",
-            fix="pass a --run-dir under a writable folder, e.g. /workspace/runs/NAME",
-        )  # fmt: skip
+    reason = io.unwritable_reason(path)
+    if reason is not None:
+        return Check(name, FAIL, f"{path}: cannot be written ({reason})",
+                     fix="pass a --run-dir under a writable folder, e.g. /workspace/runs/NAME")  # fmt: skip
     free = shutil.disk_usage(existing).free
     mount = mount_of(existing)
     detail = f"{path}: {format_bytes(free)} free, {describe_mount(mount)}"
