@@ -207,18 +207,25 @@ def build_parser(prog=PROG):
     return parser
 
 
+def yaml_values(text):
+    """The YAML document `text`; ValueError where it is not valid YAML, naming the problem and where it is."""
+    import yaml  # only for YAML files
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"not valid YAML: {getattr(error, 'problem', None) or error}{where}") from None
+
+
 def config_file_defaults(path):
     """The flag defaults in a --config file: {dest: value}, each checked as its flag would be."""
     try:
         with open(path) as config_file:
             text = config_file.read()
-        if path.endswith((".yaml", ".yml")):
-            import yaml  # only for YAML files
-
-            values = yaml.safe_load(text)
-        else:
-            values = json.loads(text)
-    except (OSError, ValueError) as error:  # yaml.YAMLError and JSONDecodeError are ValueErrors
+        values = yaml_values(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
+    except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
         raise ConfigError(f"--config {path}: {error}".splitlines()[0]) from None
     if not isinstance(values, dict):
         raise ConfigError(f"--config {path}: expected a mapping of flag names to values")

@@ -31,18 +31,20 @@ def test_a_config_file_sets_defaults_and_the_command_line_wins(tmp_path, suffix)
 
 
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("name", "text", "message"),
     [
-        ('{"no-such-flag": 1}', "'no-such-flag' is not a flag of train.py"),
-        ('{"batch-size": 0}', "batch-size: expected an integer > 0, got '0'"),
-        ('{"amp": "fp8"}', "amp: expected one of auto, bf16, fp16, off"),
-        ('{"compile": "yes"}', "compile: expected true or false"),
-        ("[1, 2]", "expected a mapping of flag names to values"),
-        ("{not json", "--config"),
+        ("bad.json", '{"no-such-flag": 1}', "'no-such-flag' is not a flag of train.py"),
+        ("bad.json", '{"batch-size": 0}', "batch-size: expected an integer > 0, got '0'"),
+        ("bad.json", '{"amp": "fp8"}', "amp: expected one of auto, bf16, fp16, off"),
+        ("bad.json", '{"compile": "yes"}', "compile: expected true or false"),
+        ("bad.json", "[1, 2]", "expected a mapping of flag names to values"),
+        ("bad.json", "{not json", "--config"),
+        ("bad.yaml", "not: [yaml", "not valid YAML: expected ',' or ']', but got '<stream end>' at line 1, column 11"),
+        ("bad.yml", "a: b: c", "not valid YAML: mapping values are not allowed here at line 1, column 5"),
     ],
 )
-def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, sample_set, text, message):
-    path = tmp_path / "bad.json"
+def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, sample_set, name, text, message):
+    path = tmp_path / name
     path.write_text(text)
     result = run_train("--config", path, "--data", sample_set, "--run-dir", tmp_path / "run", *QUICK_RUN)
     assert result.returncode == 2
