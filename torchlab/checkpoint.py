@@ -21,6 +21,11 @@ class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (a full disk, say); the earlier ones are untouched: exit code 1."""
 
 
+class CheckpointReadError(ValueError):
+    """A --resume file that torch cannot read, that is no torchlab checkpoint, or whose states do not fit this run's
+    model and optimiser: bad input, one line and exit code 2."""
+
+
 @dataclasses.dataclass
 class Position:
     """Where a run is: the epoch, the steps done in it, and the steps done in all."""
@@ -28,6 +33,20 @@ class Position:
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
+
+
+def check_readable(path):
+    """Raise CheckpointReadError unless torch reads `path` as a torchlab checkpoint (where in a run it was taken,
+    and the RNG state). Its tensors are mapped, not read, so a large file costs little."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # pickle's, zipfile's and torch's own errors alike: the file is not one
+        reason = f"{error}".strip().splitlines()[0] if f"{error}".strip() else type(error).__name__
+        raise CheckpointReadError(f"{path}: not a checkpoint torch can read ({reason})") from None
+    expected = ["rng", *(field.name for field in dataclasses.fields(Position))]
+    missing = [key for key in expected if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise CheckpointReadError(f"{path}: not a torchlab checkpoint (it has no {', '.join(missing)})")
 
 
 def checkpoint_path(run_dir, global_step):
@@ -95,9 +114,19 @@ class CheckpointManager:
         return path
 
     def restore(self, path):
-        """Load every component's state and the RNG state from `path`; returns the Position it holds."""
+        """Load every component's state and the RNG state from `path`; returns the Position it holds. Raises
+        CheckpointReadError where a state does not fit (another --arch or number of classes, say)."""
         state = torch.load(path, map_location="cpu", weights_only=True)
         for name, component in self.components.items():
-            component.load_state_dict(state[name])
+            try:
+                component.load_state_dict(state[name])
+            except (KeyError, RuntimeError, ValueError) as error:
+                lines = [line.strip() for line in f"{error}".splitlines() if line.strip()]
+                reason = " ".join(lines[:2])  # torch's heading, then the first mismatch
+                reason = reason if len(reason) <= 240 else reason[:240] + " ..."
+                raise CheckpointReadError(
+                    f"{path}: its {name} state does not fit this run ({reason}); resume with the flags it was "
+                    "saved with, or start in another --run-dir"
+                ) from None
         restore_rng_states(state["rng"])
         return Position(**{field.name: state[field.name] for field in dataclasses.fields(Position)})

@@ -304,6 +304,10 @@ def resolve_resume(choice, run_dir):
         return None
     if not os.path.isfile(choice):
         raise ConfigError(f"--resume {choice}: expected auto, none or a checkpoint file")
+    try:
+        checkpoint.check_readable(choice)
+    except checkpoint.CheckpointReadError as error:
+        raise ConfigError(f"--resume {error}") from None
     return choice
 
 

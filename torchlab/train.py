@@ -20,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlab import config, distributed, io, loader, metrics, model, optim
-from torchlab.checkpoint import CheckpointManager, CheckpointWriteError, Position
+from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
 from torchlab.data import decode, device_decode, folder, splits
 from torchlab.tools import autotune
 
@@ -370,6 +370,8 @@ def main(argv=None, prog=config.PROG):
             fit(cfg, network, train_loader, val_loader, device, processes, log, stop)
     except (TooManyBadImages, CheckpointWriteError) as error:
         io.exit_with_error(prog, error, status=TRAINING_FAILURE_STATUS)
+    except CheckpointReadError as error:  # a --resume checkpoint of another model: bad input
+        io.exit_with_error(prog, f"--resume {error}")
     finally:
         log.close()
     # Only after a run every process finished: one that failed leaves the group to torchrun to tear down,

@@ -3,8 +3,9 @@
 import os
 
 import pytest
+import torch
 
-from conftest import run_train
+from conftest import QUICK_RUN, run_train
 from torchlab import loader, train
 
 
@@ -133,3 +134,22 @@ def test_a_run_dir_it_cannot_write_is_refused_before_the_run(tmp_path, capsys, s
         assert exit_info.value.code == 2
         assert capsys.readouterr().err == f"train.py: error: --run-dir {run_dir}: {reason}\n"
     assert list(locked.iterdir()) == []
+
+
+def test_a_resume_file_that_is_no_checkpoint_of_this_run_is_one_line(tmp_path, sample_set):
+    (tmp_path / "config.json").write_text("{}")
+    torch.save({"model": {}}, tmp_path / "weights.pt")
+    for path, reason in {
+        tmp_path / "config.json": "not a checkpoint torch can read",
+        tmp_path / "weights.pt": "not a torchlab checkpoint (it has no rng, epoch, step_in_epoch, global_step)",
+    }.items():
+        result = run_train("--data", sample_set, "--run-dir", tmp_path / "run", "--resume", path, *QUICK_RUN)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"train.py: error: --resume {path}: {reason}"), result.stderr
+        assert not (tmp_path / "run").exists()
+
+    first = run_train("--data", sample_set, "--run-dir", tmp_path / "run", "--max-steps", "1", *QUICK_RUN)
+    assert first.returncode == 0, first.stderr
+    other_model = run_train("--data", sample_set, "--run-dir", tmp_path / "run", *QUICK_RUN, "--arch", "resnet18")
+    assert other_model.returncode == 2 and other_model.stderr.count("\n") == 1, other_model.stderr
+    assert "its model state does not fit this run (Error(s) in loading state_dict for ResNet:" in other_model.stderr
