@@ -10,6 +10,13 @@ import os
 import torch
 import torch.distributed as dist
 
+# The stop vote's tensor lives as long as the interpreter, longer than any process group. A gloo worker
+# thread may free its last finished collective (held on by the closing barrier) while the main thread,
+# holding the GIL, is in ~ProcessGroupGloo waiting for that thread: if the tensor's Python object had
+# already gone, freeing the tensor would need the GIL, and the process would hang at exit after its run
+# (pytorch/pytorch#56297; torch 2.8 releases the GIL there, pytorch/pytorch#154976).
+_STOP_VOTE = torch.zeros(1, dtype=torch.int64)
+
 
 @dataclasses.dataclass(frozen=True)
 class Processes:
@@ -68,6 +75,6 @@ def any_process(flag, processes):
     """True on every process when `flag` is true on at least one of them."""
     if not processes.is_distributed:
         return flag
-    vote = torch.tensor([int(flag)])
-    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=processes.cpu_group)
-    return bool(vote.item())
+    _STOP_VOTE.fill_(int(flag))
+    dist.all_reduce(_STOP_VOTE, op=dist.ReduceOp.MAX, group=processes.cpu_group)
+    return bool(_STOP_VOTE.item())
