@@ -145,6 +145,14 @@ def test_a_truncated_jpeg_is_unreadable_as_before():
     assert torchlab_jpeg.image_size(b"not a jpeg") is None
 
 
+def test_an_empty_file_is_unreadable_not_a_crash():
+    """libjpeg refuses empty data as it is handed over; that error must land where the decoder can catch it."""
+    assert torchlab_jpeg.image_size(b"") is None
+    assert torchlab_jpeg.decode_region(b"", 1, 0, 0, 8, 8) is None
+    with pytest.raises(decode.UNREADABLE_IMAGE_ERRORS):
+        decode.load_crop(io.BytesIO(b""), decode.center_crop_box, 32)
+
+
 def test_the_decoder_loads_after_torchvision_and_pillow_have_their_own_libjpeg():
     """torchvision and Pillow bring libjpeg copies of their own (one answers to libjpeg.so.62): the region
     decoder must still load, as train.py imports torchvision first."""

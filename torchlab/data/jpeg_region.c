@@ -97,13 +97,19 @@ static int region_supported(const struct jpeg_decompress_struct *cinfo)
     return !cinfo->progressive_mode && (space == JCS_YCbCr || space == JCS_RGB || space == JCS_GRAYSCALE);
 }
 
-static void start_reading(struct jpeg_decompress_struct *cinfo, struct error_escape *errors, const Py_buffer *data)
+static void start_reading(struct jpeg_decompress_struct *cinfo, struct error_escape *errors)
 {
     cinfo->err = libjpeg.std_error(&errors->manager);
     errors->manager.error_exit = escape_on_error;
     errors->manager.emit_message = escape_on_warning;
     libjpeg.create_decompress(cinfo, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
+}
+
+/* Only after setjmp: jpeg_mem_src errors on empty data (JERR_INPUT_EMPTY), and an escape needs its target. */
+static void read_header(struct jpeg_decompress_struct *cinfo, const Py_buffer *data)
+{
     libjpeg.mem_src(cinfo, (const unsigned char *)data->buf, (unsigned long)data->len);
+    libjpeg.read_header(cinfo, TRUE);
 }
 
 static PyObject *image_size(PyObject *Py_UNUSED(module), PyObject *args)
@@ -115,13 +121,13 @@ static PyObject *image_size(PyObject *Py_UNUSED(module), PyObject *args)
 
     if (!PyArg_ParseTuple(args, "y*", &data))
         return NULL;
-    start_reading(&cinfo, &errors, &data);
+    start_reading(&cinfo, &errors);
     if (setjmp(errors.escape)) {
         libjpeg.destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         Py_RETURN_NONE;
     }
-    libjpeg.read_header(&cinfo, TRUE);
+    read_header(&cinfo, &data);
     result = Py_BuildValue("IIO", cinfo.image_width, cinfo.image_height,
                            region_supported(&cinfo) ? Py_True : Py_False);
     libjpeg.destroy_decompress(&cinfo);
@@ -140,14 +146,14 @@ static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args)
 
     if (!PyArg_ParseTuple(args, "y*iiiii", &data, &scale_denom, &x0, &y0, &x1, &y1))
         return NULL;
-    start_reading(&cinfo, &errors, &data);
+    start_reading(&cinfo, &errors);
     if (setjmp(errors.escape)) {
         libjpeg.destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         Py_XDECREF(pixels);
         Py_RETURN_NONE;
     }
-    libjpeg.read_header(&cinfo, TRUE);
+    read_header(&cinfo, &data);
     if (!region_supported(&cinfo) || !(scale_denom == 1 || scale_denom == 2 || scale_denom == 4 || scale_denom == 8))
         longjmp(errors.escape, 1);
     cinfo.out_color_space = JCS_RGB;
