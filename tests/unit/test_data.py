@@ -127,11 +127,30 @@ def test_unreadable_images_come_back_as_markers(tmp_path):
     (tmp_path / "text.jpg").write_text("not a JPEG")
     full = (tmp_path / "good.jpg").read_bytes()
     (tmp_path / "truncated.jpg").write_bytes(full[: len(full) // 2])
-    index = folder.SampleIndex([str(tmp_path / name) for name in ("good.jpg", "text.jpg", "truncated.jpg")], [0, 1, 2])
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    Image.fromarray(np.full((40, 60), 0.5, dtype=np.float32)).save(tmp_path / "float.tif")
+    names = ("good.jpg", "text.jpg", "truncated.jpg", "empty.jpg", "float.tif")
+    index = folder.SampleIndex([str(tmp_path / name) for name in names], list(range(len(names))))
     dataset = decode.ImageDataset(index, image_size=32, train=True, seed=0)
 
     assert dataset[(0, 0)][0] is not None
-    assert [dataset[(position, 0)] for position in (1, 2)] == [(None, 1, 1), (None, 2, 2)]
+    assert [dataset[(position, 0)] for position in range(1, len(names))] == [(None, p, p) for p in range(1, 5)]
+    assert "floating-point samples" in decode.unreadable_reason(str(tmp_path / "float.tif"))
+
+
+@pytest.mark.parametrize(
+    ("file_name", "dtype"), [("grey16.png", np.uint16), ("grey16.tif", np.uint16), ("int.tif", np.int32)]
+)
+def test_16_bit_samples_are_scaled_to_8_bits_not_clipped(tmp_path, file_name, dtype):
+    """Pillow's own conversion to RGB would make every 16-bit sample above 255 white."""
+    Image.fromarray(np.full((40, 60), 40_000, dtype=dtype)).save(tmp_path / file_name)
+    with Image.open(tmp_path / file_name) as image:
+        assert image.mode.startswith("I")
+
+    for train in (True, False):
+        index = folder.SampleIndex([str(tmp_path / file_name)], [0])
+        pixels, _, _ = decode.ImageDataset(index, image_size=32, train=train, seed=0)[(0, 0)]
+        assert np.abs(pixels.astype(int) - round(40_000 / 257)).max() <= 1
 
 
 def test_augmentation_depends_on_seed_epoch_and_sample_only(tmp_path):

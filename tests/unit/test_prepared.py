@@ -1,6 +1,7 @@
 """prepared.py: the packed copy, its splits, resuming an interrupted conversion, refusing a changed source."""
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -47,6 +48,28 @@ def test_prepared_samples_decode_the_same_in_workers(prepared_set):
     in_main_process, in_workers = batches(0), batches(2)
     assert len(in_main_process) == 2 and in_main_process[0].shape == (8, 32, 32, 3)
     assert all(torch.equal(a, b) for a, b in zip(in_main_process, in_workers, strict=True))
+
+
+def test_an_empty_a_16_bit_and_a_too_long_image_are_kept_as_samples_that_read_as_they_do_unprepared(tmp_path):
+    """libjpeg stores no side over 65500 px: such an image is scaled further down, not stored empty."""
+    source = tmp_path / "source"
+    for name, pixels in (
+        ("long.png", np.full((4, 70_000, 3), 200, np.uint8)),
+        ("deep.png", np.full((40, 60), 40_000, np.uint16)),
+    ):
+        (source / "a").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(source / "a" / name)
+    (source / "a" / "empty.jpg").write_bytes(b"")
+    (source / "b").mkdir()
+    Image.new("RGB", (60, 40), (10, 20, 30)).save(source / "b" / "good.jpg")
+    assert prepared.prepare(str(source), str(tmp_path / "copy"), val_fraction=0, processes=1)
+
+    _, train_index, _ = splits.load_splits(str(tmp_path / "copy"), 0, 0)
+    dataset = decode.ImageDataset(train_index, image_size=32, train=False, seed=0)
+    decoded = {os.path.basename(train_index.path(p)): dataset[(p, 0)][0] for p in range(len(train_index))}
+    assert decoded["empty.jpg"] is None
+    assert decoded["long.png"] is not None and abs(int(decoded["long.png"].mean()) - 200) <= 2
+    assert abs(int(decoded["deep.png"].mean()) - round(40_000 / 257)) <= 2
 
 
 class Interrupted(RuntimeError):

@@ -44,6 +44,19 @@ def unreadable_reason(source):
     return "decoded when read again (a file that changed during the epoch?)"
 
 
+def rgb_image(image):
+    """`image` (any Pillow mode) as 8-bit RGB. Pillow's convert clips 16-bit samples at 255 where it should
+    scale them, so a 16-bit greyscale PNG or TIFF would come out white: those are scaled to 8 bits here."""
+    if image.mode == "RGB":
+        return image
+    if image.mode.startswith("I"):  # I;16, I;16B, ... and I, in which Pillow also hands out 16-bit samples
+        samples = np.clip(np.asarray(image, dtype=np.int64), 0, 65535)
+        return Image.fromarray(((samples + 128) // 257).astype(np.uint8), "L").convert("RGB")
+    if image.mode == "F":
+        raise ValueError("floating-point samples have no 8-bit scale; save the image with 8 or 16 bits")
+    return image.convert("RGB")  # grey, palette, RGBA, CMYK, ...
+
+
 def random_resized_crop_box(width, height, rng):
     """RandomResizedCrop's box (left, top, right, bottom) for a width x height image, drawn from `rng`."""
     log_aspect_range = (math.log(CROP_ASPECT_RANGE[0]), math.log(CROP_ASPECT_RANGE[1]))
@@ -91,7 +104,7 @@ def pillow_crop(source, choose_box, size, draft):
         if drafted is not None:
             scale = width / drafted[1][2]
             box = tuple(coordinate / scale for coordinate in box)
-        rgb = image if image.mode == "RGB" else image.convert("RGB")  # grey, palette, RGBA, CMYK, ...
+        rgb = rgb_image(image)
         return rgb.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=RESIZE_REDUCING_GAP)
 
 

@@ -36,6 +36,7 @@ LENGTHS_FILE = "lengths.partial"  # int64 byte length of each image written so f
 PROGRESS_FILE = "progress.json"  # images and bytes of images.bin and lengths.partial known to be on disk
 FORMAT_VERSION = 1
 CHECKPOINT_IMAGES = 256
+JPEG_MAX_SIDE = 65500  # libjpeg's largest side, in pixels
 jpeg_quality = config.number(int, 1, at_most=100)  # --quality
 SPLITS = ("train", "val")
 OWN_FILES = (DATA_FILE, INDEX_FILE, LENGTHS_FILE, PROGRESS_FILE)  # what a prepared copy's folder holds
@@ -60,13 +61,14 @@ def list_source(root, val_fraction, seed):
 
 
 def resized_jpeg(path, short_side, quality):
-    """The image at `path`, its short side scaled down to `short_side` (never up), as RGB JPEG bytes."""
+    """The image at `path`, its short side scaled down to `short_side` (never up; further down where its long
+    side would pass what JPEG can store), as RGB JPEG bytes."""
     with Image.open(path) as image:
         width, height = image.size
-        scale = min(1.0, short_side / min(width, height))
+        scale = min(1.0, short_side / min(width, height), JPEG_MAX_SIDE / max(width, height))
         size = (max(1, round(width * scale)), max(1, round(height * scale)))
         image.draft("RGB", size)  # a JPEG decodes at 1/2, 1/4 or 1/8 scale when that still covers `size`
-        rgb = image if image.mode == "RGB" else image.convert("RGB")
+        rgb = decode.rgb_image(image)
         resized = rgb.resize(size, Image.Resampling.BILINEAR, reducing_gap=decode.RESIZE_REDUCING_GAP)
     encoded = BytesIO()
     resized.save(encoded, "JPEG", quality=quality)  # Pillow's default 4:2:0 chroma: the faster decode

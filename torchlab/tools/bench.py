@@ -44,7 +44,7 @@ from PIL import Image
 from torchvision import transforms
 
 from torchlab import config, io, loader
-from torchlab.data import device_decode, folder, prepared, sampler, splits
+from torchlab.data import decode, device_decode, folder, prepared, sampler, splits
 from torchlab.tools import autotune, bench_data
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
@@ -152,8 +152,7 @@ def decode_file(path):
     """Full-size decode to RGB, no augmentation: the decode-only ceiling's unit of work."""
     with Image.open(path) as image:
         image.load()
-        rgb = image if image.mode == "RGB" else image.convert("RGB")
-        return rgb.size
+        return decode.rgb_image(image).size
 
 
 def decode_prepared(job):
