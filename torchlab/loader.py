@@ -170,8 +170,14 @@ def collate_uint8(samples):
 
 
 def init_worker(worker_id):
-    """Each worker decodes on one thread: parallelism comes from the workers, not from torch's thread pool."""
+    """Each worker decodes on one thread: parallelism comes from the workers, not from torch's thread pool.
+
+    Each is also a process group of its own. A signal sent to the training process's group (`docker stop`
+    through `tini -g`, Ctrl-C in a terminal) must reach the training process alone: it ends the step,
+    checkpoints and shuts its workers down; a worker killed by it first would end the run in an error.
+    A worker whose training process is gone exits by itself (torch's worker watchdog)."""
     torch.set_num_threads(1)
+    os.setpgid(0, 0)
 
 
 def fitted_workers(settings, one_batch_bytes, rank):

@@ -95,7 +95,7 @@ def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_p
     assert len(interval_losses(run_dir)) == 18
 
 
-def test_sighup_is_ignored(sample_set, tmp_path):
+def test_sighup_is_ignored_and_sigterm_to_the_process_group_stops_with_a_checkpoint(sample_set, tmp_path):
     run_dir = tmp_path / "run"
     # Its own session, like a login's; the hangup goes to the whole process group, workers included.
     process = start_train(
@@ -106,7 +106,7 @@ def test_sighup_is_ignored(sample_set, tmp_path):
         "--epochs",
         "3",
         "--workers",
-        "1",
+        "2",
         *QUICK_RUN,
         start_new_session=True,
     )
@@ -114,9 +114,13 @@ def test_sighup_is_ignored(sample_set, tmp_path):
     os.killpg(process.pid, signal.SIGHUP)
     hung_up_at = last_step(run_dir)
     wait_until(lambda: last_step(run_dir) >= hung_up_at + 3, "steps after the hangup", process=process)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
+    # SIGTERM to the whole group too, as `docker stop` sends it through `tini -g` when train.py is the
+    # container's command: the workers must not die of it before the training process checkpoints.
+    os.killpg(process.pid, signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
+    assert "stopped by SIGTERM" in stdout
+    assert checkpoint_names(run_dir)[-1] == f"checkpoint-{last_step(run_dir):08d}.pt"
 
 
 def test_a_stale_temporary_checkpoint_is_not_resumed_from(sample_set, tmp_path):
