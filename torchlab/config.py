@@ -49,6 +49,7 @@ def number(kind, minimum, *, above=False, below=None, at_most=None):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
+    parse.expected = expected  # what a --config null is told to give instead
     return parse
 
 
@@ -70,7 +71,10 @@ def worker_count(text):
     try:
         return non_negative_int(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto or an integer >= 0, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {worker_count.expected}, got {text!r}") from None
+
+
+worker_count.expected = "auto or an integer >= 0"
 
 
 def flag(default, group, help, parse=None, choices=None, switch=False):
@@ -239,16 +243,27 @@ def config_file_defaults(path):
     return defaults
 
 
+def expected_value(meta):
+    """What a flag takes, in words: one of its choices, what its parse function expects, or any text."""
+    if meta["choices"] is not None:
+        return f"one of {', '.join(meta['choices'])}"
+    return getattr(meta["parse"], "expected", "a string")
+
+
 def config_value(field, value, where):
+    """A --config value as its flag takes it; null only where the flag's default is none."""
     meta = field.metadata
     if isinstance(field.default, bool) or meta["switch"]:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
+    if value is None and field.default is not None:
+        raise ConfigError(f"{where}: null is not a value for it: expected {expected_value(meta)}, or remove the "
+                          f"line for the default ({field.default})")  # fmt: skip
     if value is None or (meta["parse"] is None and meta["choices"] is None):
         return value if value is None else str(value)
     if meta["choices"] is not None and value not in meta["choices"]:
-        raise ConfigError(f"{where}: expected one of {', '.join(meta['choices'])}, got {value!r}")
+        raise ConfigError(f"{where}: expected {expected_value(meta)}, got {value!r}")
     try:
         return meta["parse"](str(value)) if meta["parse"] else value
     except argparse.ArgumentTypeError as error:

@@ -41,6 +41,7 @@ def test_a_config_file_sets_defaults_and_the_command_line_wins(tmp_path, suffix)
         ("bad.json", "{not json", "--config"),
         ("bad.yaml", "not: [yaml", "not valid YAML: expected ',' or ']', but got '<stream end>' at line 1, column 11"),
         ("bad.yml", "a: b: c", "not valid YAML: mapping values are not allowed here at line 1, column 5"),
+        ("null.yaml", "run-dir: null", "run-dir: null is not a value for it: expected a string, or remove the line"),
     ],
 )
 def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, sample_set, name, text, message):
@@ -51,6 +52,34 @@ def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, sample_set, name, te
     assert result.stderr.startswith("train.py: error: --config ") and result.stderr.count("\n") == 1
     assert message in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("data", "a string, or remove the line for the default (/data)"),
+        ("run-dir", f"a string, or remove the line for the default ({config.DEFAULT_RUN_DIR})"),
+        ("resume", "a string, or remove the line for the default (auto)"),
+        ("workers", "auto or an integer >= 0, or remove the line for the default (auto)"),
+        ("epochs", "an integer > 0, or remove the line for the default (90)"),
+        ("image-size", "an integer > 0 and <= 4096, or remove the line for the default (224)"),
+        ("decode", "one of auto, cpu, gpu, or remove the line for the default (auto)"),
+    ],
+)
+def test_null_is_refused_where_the_flag_has_a_default(tmp_path, key, expected):
+    """These ended in a TypeError from deep inside the run (zeros(), '>' on None, a str expected)."""
+    path = tmp_path / "defaults.yaml"
+    path.write_text(f"{key}: null\n")
+    with pytest.raises(config.ConfigError) as error:
+        config.parse_args(["--config", str(path)])
+    assert str(error.value) == f"--config {path}: {key}: null is not a value for it: expected {expected}"
+
+
+def test_null_is_the_default_where_that_is_none(tmp_path):
+    path = tmp_path / "defaults.yaml"
+    path.write_text("weights: null\nmax-steps: null\nlr: null\n")
+    flags = config.parse_args(["--config", str(path)])
+    assert (flags.weights, flags.max_steps, flags.lr) == (None, None, None)
 
 
 def test_resolve_fills_in_every_auto(tmp_path):
