@@ -35,13 +35,28 @@ class Position:
     global_step: int = 0
 
 
+def one_line(error):
+    """What went wrong, in one line: the first line of the error's message, or its type where it has none."""
+    text = f"{error}".strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def load_state(path, mmap=False):
+    """torch.load(path) onto the CPU, tensors and plain values only (mapped, not read, with `mmap`). Where torch
+    cannot read it, CheckpointReadError whose message is torch's reason in one line."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as error:  # pickle's, zipfile's and torch's own errors alike
+        empty = isinstance(error, EOFError) and os.path.isfile(path) and os.path.getsize(path) == 0
+        raise CheckpointReadError("the file is empty" if empty else one_line(error)) from None
+
+
 def check_readable(path):
     """Raise CheckpointReadError unless torch reads `path` as a torchlab checkpoint (where in a run it was taken,
     and the RNG state). Its tensors are mapped, not read, so a large file costs little."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:  # pickle's, zipfile's and torch's own errors alike: the file is not one
-        reason = f"{error}".strip().splitlines()[0] if f"{error}".strip() else type(error).__name__
+        state = load_state(path, mmap=True)
+    except CheckpointReadError as reason:
         raise CheckpointReadError(f"{path}: not a checkpoint torch can read ({reason})") from None
     expected = ["rng", *(field.name for field in dataclasses.fields(Position))]
     missing = [key for key in expected if not isinstance(state, dict) or key not in state]

@@ -1,10 +1,11 @@
 """The network: any torchvision classification model by name, from scratch or from a local weights file."""
 
 import copy
-import pickle
 
 import torch
 import torchvision
+
+from torchlab import checkpoint
 
 
 class WeightsError(ValueError):
@@ -25,14 +26,15 @@ def build_model(arch, num_classes):
 
 def check_trainable(model, batch_size, image_size):
     """One training-mode forward pass of a copy on zeros; raises ModelInputError if the model cannot train
-    on this input (too small an image for its downsampling, or batch norm over a
-    single value per channel at --batch-size 1). Two images stand for any larger batch."""
+    on this input (too small an image for its downsampling, batch norm over a single value per channel at
+    --batch-size 1, or a fixed input size that torchvision asserts, as ViT's). Two images stand for any larger
+    batch."""
     probe = copy.deepcopy(model).train()
     try:
         with torch.no_grad():
             probe(torch.zeros(min(batch_size, 2), 3, image_size, image_size))
-    except (RuntimeError, ValueError) as error:
-        raise ModelInputError(str(error).strip().splitlines()[0]) from None
+    except (RuntimeError, ValueError, AssertionError) as error:
+        raise ModelInputError(checkpoint.one_line(error)) from None
 
 
 def load_weights(model, path):
@@ -42,13 +44,17 @@ def load_weights(model, path):
     stay as initialised. Returns the names of those, sorted. Nothing is downloaded.
     """
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, pickle.UnpicklingError) as error:
-        raise WeightsError(f"--weights {path}: not a readable PyTorch state dict ({error})".splitlines()[0]) from None
-    state = state.get("model", state)
+        state = checkpoint.load_state(path)  # what --resume reads with: any file, one line where it is none
+    except checkpoint.CheckpointReadError as reason:
+        raise WeightsError(f"--weights {path}: not a readable PyTorch state dict ({reason})") from None
+    state = state.get("model", state) if isinstance(state, dict) else state
+    if not isinstance(state, dict):
+        raise WeightsError(f"--weights {path}: not a state dict (it holds a {type(state).__name__})")
     own_state = model.state_dict()
     matching = {
-        name: tensor for name, tensor in state.items() if name in own_state and own_state[name].shape == tensor.shape
+        name: tensor
+        for name, tensor in state.items()
+        if name in own_state and isinstance(tensor, torch.Tensor) and own_state[name].shape == tensor.shape
     }
     if not matching:
         raise WeightsError(f"--weights {path}: no tensor matches the model's names and shapes")

@@ -2,10 +2,10 @@
 (or `torchlab train`, or `python -m torchlab.train`).
 
 main() reads top to bottom: the flags are parsed and resolved, the data index and the model are checked
-before anything is written; then the loaders, the run directory and the optimiser; then the epoch loop
-(train_one_epoch, evaluate), which reports progress, checkpoints (CheckpointManager), and stops cleanly on
-SIGTERM or SIGINT. README.md beside train.py tells how to run it over SSH, on several GPUs or machines
-(torchrun), and what lands in the run directory.
+before anything is written; then the loaders, the optimiser and the checkpoint --resume picked (restored before
+the run directory is touched), the run directory; then the epoch loop (train_one_epoch, evaluate), which reports
+progress, checkpoints (CheckpointManager), and stops cleanly on SIGTERM or SIGINT. README.md beside train.py
+tells how to run it over SSH, on several GPUs or machines (torchrun), and what lands in the run directory.
 """
 
 import dataclasses
@@ -237,13 +237,21 @@ class Run:
             self.save(position)
 
 
-def fit(cfg, network, train_loader, val_loader, device, processes, log, stop):
-    """The epoch loop, from the checkpoint --resume picked (if any) to --epochs, a signal or --max-steps."""
-    training = build_training(cfg, network, len(train_loader), device, processes)
+def start_training(cfg, network, steps_per_epoch, device, processes):
+    """(Training, CheckpointManager, the Position to start at): restored from the checkpoint --resume picked, if
+    any. main() calls it before the run directory is touched, so that a checkpoint whose states do not fit this
+    run (CheckpointReadError) changes nothing there."""
+    training = build_training(cfg, network, steps_per_epoch, device, processes)
     checkpoints = CheckpointManager(cfg.run_dir, cfg.keep_checkpoints, training.components(), dataclasses.asdict(cfg))
-    position = Position()
+    position = Position() if cfg.resume_path is None else checkpoints.restore(cfg.resume_path)
+    return training, checkpoints, position
+
+
+def fit(cfg, start, train_loader, val_loader, processes, log, stop):
+    """The epoch loop, from `start` (what start_training returned) to --epochs, a signal or --max-steps."""
+    training, checkpoints, position = start
+    first_step = position.global_step
     if cfg.resume_path is not None:
-        position = checkpoints.restore(cfg.resume_path)
         log.print(f"resumed from {cfg.resume_path}: epoch {position.epoch}, step {position.global_step}")
     bad_images = BadImages(train_loader.dataset.index, cfg.run_dir, enabled=processes.is_main)
     run = Run(cfg, processes, log, stop, bad_images, checkpoints)
@@ -262,10 +270,13 @@ def fit(cfg, network, train_loader, val_loader, device, processes, log, stop):
         log.end_epoch({**record, "lr": training.scheduler.get_last_lr()[0]})
         position = Position(position.epoch + 1, 0, position.global_step)
         run.save(position)
-    if position.epoch < cfg.epochs:
-        log.print(f"stopped by {stop_reason(stop, cfg)} after epoch {position.epoch - 1}, step {position.global_step}")
-    else:
+    if position.epoch >= cfg.epochs:
         log.print(f"finished --epochs {cfg.epochs} at step {position.global_step}")
+    elif cfg.max_steps is not None and first_step >= cfg.max_steps:
+        log.print(f"nothing to do: the run had already reached --max-steps {cfg.max_steps} at step {first_step} "
+                  "(a larger --max-steps continues it)")  # fmt: skip
+    else:
+        log.print(f"stopped by {stop_reason(stop, cfg)} after epoch {position.epoch - 1}, step {position.global_step}")
 
 
 def measure_loader(train_loader, cfg, device, processes, log, stop):
@@ -357,6 +368,10 @@ def main(argv=None, prog=config.PROG):
         io.exit_with_error(prog, error)
 
     processes = distributed.start(processes, device)
+    try:  # before config.json is written: a --resume checkpoint of another model leaves the run dir as it was
+        start = None if cfg.loader_only else start_training(cfg, network, len(train_loader), device, processes)
+    except CheckpointReadError as error:
+        io.exit_with_error(prog, f"--resume {error}")
     log = open_run_dir(cfg, processes, class_names)
     log.print(
         f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
@@ -367,11 +382,9 @@ def main(argv=None, prog=config.PROG):
         if cfg.loader_only:
             measure_loader(train_loader, cfg, device, processes, log, stop)
         else:
-            fit(cfg, network, train_loader, val_loader, device, processes, log, stop)
+            fit(cfg, start, train_loader, val_loader, processes, log, stop)
     except (TooManyBadImages, CheckpointWriteError) as error:
         io.exit_with_error(prog, error, status=TRAINING_FAILURE_STATUS)
-    except CheckpointReadError as error:  # a --resume checkpoint of another model: bad input
-        io.exit_with_error(prog, f"--resume {error}")
     finally:
         log.close()
     # Only after a run every process finished: one that failed leaves the group to torchrun to tear down,

@@ -107,6 +107,46 @@ def test_a_model_that_cannot_train_on_the_input_is_refused_before_the_run(
     assert not run_dir.exists()
 
 
+def test_a_model_with_a_fixed_input_size_names_it_before_the_run(
+    tmp_path, capsys, sample_set, signal_handlers_restored
+):
+    """torchvision's ViT asserts its image size: an AssertionError, which ended in a traceback and exit code 1."""
+    run_dir = tmp_path / "run"
+    flags = ("--arch", "vit_b_16", "--image-size", "64", "--batch-size", "2", "--device", "cpu")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--data", str(sample_set), "--run-dir", str(run_dir), *flags])
+
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: --arch vit_b_16 cannot train on --image-size 64 with --batch-size 2: "
+        "Wrong image height! Expected 224 but got 64!\n"
+    )
+    assert not run_dir.exists()
+
+
+def test_weights_that_are_no_state_dict_are_one_line_before_the_run(
+    tmp_path, capsys, sample_set, signal_handlers_restored
+):
+    """A text file (IndexError: pop from empty list) and an empty one (EOFError) ended in a traceback, exit 1."""
+    (tmp_path / "notes.txt").write_text("a text file, not weights\n")  # "a": pickle's APPEND, on an empty stack
+    (tmp_path / "empty.pth").write_bytes(b"")
+    torch.save([1, 2], tmp_path / "list.pt")
+    run_dir = tmp_path / "run"
+    for name, reason in {
+        "notes.txt": "not a readable PyTorch state dict (pop from empty list)",
+        "empty.pth": "not a readable PyTorch state dict (the file is empty)",
+        "list.pt": "not a state dict (it holds a list)",
+    }.items():
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(
+                ["--data", str(sample_set), "--run-dir", str(run_dir), "--weights", str(tmp_path / name), *QUICK_RUN]
+            )
+        assert exit_info.value.code == 2
+        stderr = capsys.readouterr().err
+        assert stderr.count("\n") == 1 and stderr.startswith(f"train.py: error: --weights {tmp_path / name}: {reason}")
+        assert not run_dir.exists()
+
+
 def test_compile_without_a_compiler_says_what_is_missing(
     tmp_path, capsys, sample_set, signal_handlers_restored, monkeypatch
 ):
@@ -136,7 +176,7 @@ def test_a_run_dir_it_cannot_write_is_refused_before_the_run(tmp_path, capsys, s
     assert list(locked.iterdir()) == []
 
 
-def test_a_resume_file_that_is_no_checkpoint_of_this_run_is_one_line(tmp_path, sample_set):
+def test_a_resume_file_that_is_no_checkpoint_of_this_run_is_one_line_and_changes_nothing(tmp_path, sample_set):
     (tmp_path / "config.json").write_text("{}")
     torch.save({"model": {}}, tmp_path / "weights.pt")
     for path, reason in {
@@ -150,6 +190,16 @@ def test_a_resume_file_that_is_no_checkpoint_of_this_run_is_one_line(tmp_path, s
 
     first = run_train("--data", sample_set, "--run-dir", tmp_path / "run", "--max-steps", "1", *QUICK_RUN)
     assert first.returncode == 0, first.stderr
+    saved_config = (tmp_path / "run" / "config.json").read_text()
     other_model = run_train("--data", sample_set, "--run-dir", tmp_path / "run", *QUICK_RUN, "--arch", "resnet18")
     assert other_model.returncode == 2 and other_model.stderr.count("\n") == 1, other_model.stderr
     assert "its model state does not fit this run (Error(s) in loading state_dict for ResNet:" in other_model.stderr
+    # Refused before the run directory is touched: config.json still says what the checkpoints are.
+    assert other_model.stdout == "" and (tmp_path / "run" / "config.json").read_text() == saved_config
+
+    resume = ("--resume", tmp_path / "run" / "checkpoint-00000001.pt")
+    elsewhere = run_train(
+        "--data", sample_set, "--run-dir", tmp_path / "new", *resume, *QUICK_RUN, "--arch", "resnet18"
+    )
+    assert elsewhere.returncode == 2 and "its model state does not fit this run" in elsewhere.stderr
+    assert not (tmp_path / "new").exists()

@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from torchlab import checkpoint, io
+from conftest import QUICK_RUN
+from torchlab import checkpoint, io, train
 
 
 class Unpicklable:
@@ -87,3 +88,22 @@ def test_a_full_disk_is_one_error_naming_the_kept_checkpoint(tmp_path, monkeypat
         checkpoint.CheckpointWriteError, match=f"No space left on device; the previous checkpoint {kept} is intact"
     ):
         manager.save(checkpoint.Position(global_step=2))
+
+
+def test_resuming_a_run_that_reached_max_steps_says_there_is_nothing_to_do(
+    tmp_path, capsys, sample_set, signal_handlers_restored
+):
+    """It said "stopped by --max-steps 2 after epoch -1, step 2"."""
+    run_dir = tmp_path / "run"
+    argv = ["--data", str(sample_set), "--run-dir", str(run_dir), "--workers", "0", *QUICK_RUN, "--max-steps", "2"]
+    train.main(argv)
+    assert "stopped by --max-steps 2 at epoch 0, step 2: saved " in capsys.readouterr().out
+
+    train.main(argv)  # returns: exit code 0
+
+    *_, resumed, last = capsys.readouterr().out.splitlines()
+    assert resumed == f"resumed from {checkpoint.checkpoint_path(run_dir, 2)}: epoch 0, step 2"
+    assert (
+        last == "nothing to do: the run had already reached --max-steps 2 at step 2 (a larger --max-steps continues it)"
+    )
+    assert checkpoint.list_checkpoints(run_dir) == [checkpoint.checkpoint_path(run_dir, 2)]
