@@ -43,6 +43,8 @@ if ((shm_mb < SHM_WARN_MB)); then
     log "warning: /dev/shm is only ${shm_mb} MB; multi-worker DataLoaders die of it with a bus error. Run with --shm-size=8g (or --ipc=host)."
 fi
 export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
+# What the services, their sessions and the command create gets NB_UMASK's permissions.
+[ -z "$NB_UMASK" ] || umask "$NB_UMASK"
 run_hooks /usr/local/bin/before-notebook.d
 # Gone from Jupyter's and the command's environment (and from SSH sessions, above).
 [ ${#vars_to_unset[@]} -eq 0 ] || unset "${vars_to_unset[@]}"

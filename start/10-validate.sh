@@ -1,9 +1,9 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2034  # hub_args, SHM_WARN_MB, ui_path: read by the parts after this one
+# shellcheck disable=SC2034  # jupyter_args, SHM_WARN_MB, ui_path: read by the parts after this one
 # 1. Read and validate every variable: bad input stops here (die, exit 2), before anything starts.
 # Reads the command line ("$@"): under a JupyterHub, the spawner's jupyterhub-singleuser and its
-# options become hub_args and the command line is emptied. Sets, for the files after it: as_root,
-# hub (and hub_args), the variables' normalised values, ui_path, chown_extra_paths, vars_to_unset;
+# options become jupyter_args and the command line is emptied (so do docker-stacks' start scripts'). Sets, for the files after it: as_root,
+# hub, jupyter_args, the variables' normalised values, ui_path, chown_extra_paths, vars_to_unset;
 # as a user, a passwd entry for the UID; /run/torchlab and its services marker.
 if [ "$(id -u)" = 0 ]; then as_root=yes; else as_root=no; fi
 
@@ -12,7 +12,14 @@ if [ "$(id -u)" = 0 ]; then as_root=yes; else as_root=no; fi
 # The spawner's command `jupyterhub-singleuser` (KubeSpawner's default; DockerSpawner needs
 # c.DockerSpawner.cmd, as the image's CMD is empty) means that server with the services, and its
 # arguments, like options alone (c.Spawner.args), go to it; anything else is a command, as always.
-hub_args=()
+# docker-stacks' start scripts named as the command (compose files and spawner settings written for
+# its images): this entrypoint stands for all of them. `start.sh CMD` runs CMD; start-notebook.*
+# and start-singleuser.* are the services, their options going to the Jupyter server.
+jupyter_args=()
+case "${1:-}" in
+    start.sh) shift ;;
+    start-notebook.py | start-notebook.sh | start-singleuser.py | start-singleuser.sh) shift && jupyter_args=("$@") && set -- ;;
+esac
 if [ -n "${JUPYTERHUB_API_TOKEN:-}" ]; then
     hub=yes
     [ -n "${JUPYTERHUB_SERVICE_URL:-}" ] ||
@@ -22,8 +29,8 @@ if [ -n "${JUPYTERHUB_API_TOKEN:-}" ]; then
     hub_scheme=${BASH_REMATCH[1]} hub_port=${BASH_REMATCH[4]}
     [ -n "$hub_port" ] || { [ "$hub_scheme" = http ] && hub_port=80; } || hub_port=443
     case "${1:-}" in
-        jupyterhub-singleuser) shift && hub_args=("$@") && set -- ;;
-        -*) hub_args=("$@") && set -- ;;
+        jupyterhub-singleuser) shift && jupyter_args=("$@") && set -- ;;
+        -*) jupyter_args=("$@") && set -- ;;
     esac
 else
     hub=no
@@ -60,6 +67,7 @@ CHOWN_HOME=${CHOWN_HOME:-no}
 CHOWN_HOME_OPTS=${CHOWN_HOME_OPTS:-}
 CHOWN_EXTRA=${CHOWN_EXTRA:-}
 CHOWN_EXTRA_OPTS=${CHOWN_EXTRA_OPTS:-}
+NB_UMASK=${NB_UMASK:-}
 JUPYTER_ENV_VARS_TO_UNSET=${JUPYTER_ENV_VARS_TO_UNSET:-}
 DOCTOR_AT_START=${DOCTOR_AT_START:-yes}
 JUPYTER_UI=${JUPYTER_UI:-notebook}
@@ -117,6 +125,8 @@ SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
 # hub it asks JUPYTER_PORT's /api).
 hub_probe=""
 [ "$hub" = no ] || hub_probe=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
+[[ -z $NB_UMASK || $NB_UMASK =~ ^0?[0-7]{3}$ ]] ||
+    die "NB_UMASK='$NB_UMASK': expected an octal umask such as 002 (group-writable files) or 022"
 for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START; do
     case "${!var}" in
         yes | 1 | true) printf -v "$var" yes ;;

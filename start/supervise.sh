@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154  # as_root, hub, hub_args, ui_path, as_user, token_generated: set by the numbered parts
+# shellcheck disable=SC2154  # as_root, hub, jupyter_args, ui_path, as_user, token_generated: set by the numbered parts
 # The services, sshd and Jupyter, started and supervised here alone. supervise_services never
 # returns; it guarantees:
 #   - nothing restarts a service: the container lives as long as both do.
@@ -31,10 +31,10 @@ start_jupyter() {
     if [ "$hub" = yes ]; then
         command=(jupyterhub-singleuser)
         [ -n "${JUPYTERHUB_DEFAULT_URL:-}" ] || command+=(--ServerApp.default_url="$ui_path")
-        command+=("${hub_args[@]}")
     else
         command=(jupyter "$JUPYTER_UI" --ServerApp.port="$JUPYTER_PORT")
     fi
+    command+=("${jupyter_args[@]}")
     "${as_user[@]}" "${command[@]}" &
     jupyter_pid=$!
 }

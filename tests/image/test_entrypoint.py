@@ -39,6 +39,7 @@ VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67D
         ({"CHOWN_HOME_OPTS": "-R; rm -rf /"}, "CHOWN_HOME_OPTS"),
         ({"JUPYTER_ENV_VARS_TO_UNSET": "GOOD,not-a-name"}, "JUPYTER_ENV_VARS_TO_UNSET"),
         ({"JUPYTER_UI": "classic"}, "JUPYTER_UI"),
+        ({"NB_UMASK": "rwx"}, "NB_UMASK"),
     ],
 )
 def test_bad_input_stops_before_anything_starts(env, variable):
@@ -111,6 +112,42 @@ def test_hooks_run_before_start(tmp_path):
     assert "hook: sourcing /usr/local/bin/before-notebook.d/10-source.sh" in result.stderr
 
 
+def test_a_failing_hook_is_logged_and_the_start_goes_on(tmp_path):
+    """docker-stacks' semantics: a sourced hook's failing line does not end it, nor the start."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "10-fails.sh").write_text("export OTHER_VAR=456\nrun-unknown-command\necho $UNSET_VAR ran-on\n")
+    (hooks / "20-last-line-fails.sh").write_text("run-unknown-command\n")
+    script = hooks / "30-exits-1"
+    script.write_text("#!/bin/sh\nexit 1\n")
+    script.chmod(0o755)
+    result = docker("run", "--rm", "-v", f"{hooks}:/usr/local/bin/before-notebook.d:ro", IMAGE,
+                    "sh", "-c", "echo OTHER_VAR=$OTHER_VAR", check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "ran-on" in result.stdout and "OTHER_VAR=456" in result.stdout
+    for name in ("20-last-line-fails.sh", "30-exits-1"):
+        assert f"before-notebook.d/{name} has failed, continuing execution" in result.stderr
+    assert "10-fails.sh has failed" not in result.stderr  # its last line succeeded
+
+
+def test_docker_stacks_start_scripts_as_the_command_and_nb_umask(containers):
+    ran = docker("run", "--rm", "-e", "NB_UMASK=002", IMAGE, "start.sh", "sh", "-c", "id -un; umask").stdout.split()
+    assert ran == ["jovyan", "0002"]
+    container = containers.run(
+        env={"NB_UMASK": "0027"}, command=("start-notebook.py", "--ServerApp.shutdown_no_activity_timeout=0")
+    )
+    jupyter = container.exec("pgrep", "-n", "-u", "jovyan", "-f", "shutdown_no_activity_timeout=0").stdout.strip()
+    assert "Umask:\t0027" in container.exec("cat", f"/proc/{jupyter}/status").stdout
+
+
+def test_sshd_listens_on_ssh_port_alone(containers):
+    container = containers.run(env={"SSH_PORT": "2223"}, ready=False)
+    wait_for(lambda: "Server listening on :: port 2223" in container.logs(), 60, "sshd on 2223", container.logs)
+    listening = container.exec("ss", "-Hltn").stdout.split()
+    assert "0.0.0.0:2223" in listening and not [address for address in listening if address.endswith(":2222")]
+    assert "Address already in use" not in container.logs()
+
+
 def test_docker_stop_ends_both_services_within_2_seconds(containers):
     container = containers.run()
     # If the services were still up after 2 s, Docker would SIGKILL them: exit code 137.
@@ -129,7 +166,9 @@ def test_container_exits_non_zero_when_a_service_dies(containers, service):
 
 
 def test_healthcheck_follows_both_services(containers):
-    container = containers.run("--health-interval=1s", "--health-start-period=60s")
+    # A proxy for the container's outgoing traffic is not one for the probe of 127.0.0.1.
+    proxy = {"HTTP_PROXY": "http://proxy.invalid:3128", "HTTPS_PROXY": "http://proxy.invalid:3128"}
+    container = containers.run("--health-interval=1s", "--health-start-period=60s", env=proxy)
     wait_for(lambda: container.state()["Health"]["Status"] == "healthy", 60, "a healthy container")
     assert container.exec("torchlab-healthcheck", check=False).returncode == 0
     # The same check pointed at a port where nothing answers, as when a service is down.
