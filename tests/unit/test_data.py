@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
-from torchlab.data import decode, folder, splits
+from torchlab.data import decode, folder, prepared, splits
 from torchlab.tools import sample_data
 
 
@@ -99,6 +99,74 @@ def test_missing_data_folder_says_how_to_mount_it(tmp_path):
         splits.load_splits(str(tmp_path / "absent"), val_fraction=0.1, seed=0)
 
 
+def test_a_link_back_to_a_folder_being_walked_is_not_followed(tmp_path):
+    """a/up -> .. would list every image again and again (and b's under a) until the OS says ELOOP."""
+    for name in ("a/1.jpg", "a/nested/2.jpg", "b/3.jpg"):
+        save_image(tmp_path / name)
+    (tmp_path / "a" / "up").symlink_to("..")
+    (tmp_path / "a" / "nested" / "self").symlink_to(".")
+    (tmp_path / "b" / "sibling").symlink_to("../a/nested")  # not a loop: followed
+
+    class_names, train_index, _ = splits.load_splits(str(tmp_path), val_fraction=0.0, seed=0)
+
+    assert class_names == ["a", "b"]
+    assert relative_paths(train_index, tmp_path) == ["a/1.jpg", "a/nested/2.jpg", "b/3.jpg", "b/sibling/2.jpg"]
+    assert train_index.labels.tolist() == [0, 0, 1, 1]
+
+
+def unreadable_folder(root):
+    if os.geteuid() == 0:
+        pytest.skip("root reads any folder")
+    (root / "a" / "secret").chmod(0)
+    return "a/secret: not readable by UID {uid}; on the host: chmod -R a+rX on that folder"
+
+
+def looping_link(root):
+    (root / "a" / "x.jpg").symlink_to("x.jpg")
+    return "a/x.jpg: a symlink loop; remove the link"
+
+
+@pytest.mark.parametrize("spoil", [unreadable_folder, looping_link])
+def test_an_unlistable_entry_is_one_line_naming_it_for_train_and_prepare(tmp_path, capsys, spoil):
+    for name in ("a/1.jpg", "a/secret/2.jpg", "b/3.jpg"):
+        save_image(tmp_path / "data" / name)
+    message = f"{tmp_path}/data/{spoil(tmp_path / 'data')}".format(uid=os.getuid())
+    try:
+        with pytest.raises(folder.DataError) as error:
+            splits.load_splits(str(tmp_path / "data"), val_fraction=0.0, seed=0)
+        assert str(error.value) == message
+        with pytest.raises(SystemExit) as exit_info:
+            prepared.main([str(tmp_path / "data"), str(tmp_path / "prepared")])
+    finally:
+        (tmp_path / "data" / "a" / "secret").chmod(0o755)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"torchlab prepare: error: {message}\n"
+    assert not (tmp_path / "prepared").exists()
+
+
+@pytest.mark.parametrize(
+    ("images", "layout", "classes", "indexed"),
+    [
+        (("dog/1.jpg", "train/2.jpg"), "single", ["dog", "train"], 2),
+        (("dog/1.jpg", "train/2.jpg", "val/3.jpg"), "single", ["dog", "train", "val"], 3),
+        (("cat/1.jpg", "val/2.jpg", "val/nested/3.jpg"), "single", ["cat", "val"], 3),
+        # a split holds class folders; an image beside them, or a val/ of images, is in no class
+        (("train/dog/1.jpg", "train/cover.jpg", "train/val/2.jpg"), "train", ["dog", "val"], 2),
+        (("train/dog/1.jpg", "train/cat/2.jpg", "val/3.jpg"), "train", ["cat", "dog"], 2),
+        (("train/dog/1.jpg", "train/cat/2.jpg", "val/cat/3.jpg"), "train_val", ["cat", "dog"], 3),
+    ],
+)
+def test_train_and_val_are_splits_only_when_they_hold_class_folders(tmp_path, images, layout, classes, indexed):
+    """'train' is a class of PASCAL VOC: DATA/train/IMAGE beside DATA/dog/IMAGE is a class like dog."""
+    for name in images:
+        save_image(tmp_path / name)
+
+    class_names, train_index, val_index = splits.load_splits(str(tmp_path), val_fraction=0.0, seed=0)
+
+    assert (splits.data_layout(str(tmp_path)), class_names) == (layout, classes)
+    assert len(train_index) + len(val_index) == indexed
+
+
 def test_index_holds_one_buffer_not_one_object_per_sample():
     paths = [f"/data/train/n{number % 1000:08d}/n{number:08d}_{number}.JPEG" for number in range(50_000)]
     index = folder.SampleIndex(paths, [number % 1000 for number in range(50_000)])
@@ -136,6 +204,7 @@ def test_unreadable_images_come_back_as_markers(tmp_path):
     assert dataset[(0, 0)][0] is not None
     assert [dataset[(position, 0)] for position in range(1, len(names))] == [(None, p, p) for p in range(1, 5)]
     assert "floating-point samples" in decode.unreadable_reason(str(tmp_path / "float.tif"))
+    assert decode.unreadable_reason(str(tmp_path / "text.jpg")).startswith("not an image Pillow can read")
 
 
 @pytest.mark.parametrize(

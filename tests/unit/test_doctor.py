@@ -83,6 +83,39 @@ def test_fewer_images_than_one_batch_fail_and_one_class_warns(sample_set, tmp_pa
     assert "two class folders" in check.fix
 
 
+def test_a_class_folder_named_train_is_a_class_as_train_py_reads_it(sample_set, tmp_path):
+    shutil.copytree(sample_set / "train" / "class_00", tmp_path / "voc" / "dog")
+    shutil.copytree(sample_set / "train" / "class_01", tmp_path / "voc" / "train")
+    check = doctor.check_data(str(tmp_path / "voc"), batch_size=8, val_fraction=0.25, seed=0)
+    assert check.status == doctor.OK, check
+    assert (check.facts["layout"], check.facts["classes"]) == ("single", ["dog", "train"])
+
+
+def test_a_symlink_loop_is_skipped_or_named_with_its_own_fix(sample_set, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(sample_set / "train", data)
+    (data / "class_00" / "up").symlink_to("..")  # back to a folder being walked: not followed
+    check = doctor.check_data(str(data), batch_size=8, val_fraction=0.25, seed=0)
+    assert check.status == doctor.OK and check.facts["train_images"] + check.facts["val_images"] == 96, check
+    (data / "class_00" / "x.jpg").symlink_to("x.jpg")
+    check = doctor.check_data(str(data), batch_size=8, val_fraction=0.25, seed=0)
+    assert check.status == doctor.FAIL
+    assert (check.detail, check.fix) == (f"{data}/class_00/x.jpg: a symlink loop", "remove the link")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder")
+def test_an_unreadable_sub_folder_fails_with_the_chmod_fix(sample_set, tmp_path):
+    shutil.copytree(sample_set / "train", tmp_path / "data")
+    (tmp_path / "data" / "class_00" / "secret").mkdir(mode=0)
+    try:
+        check = doctor.check_data(str(tmp_path / "data"), batch_size=8, val_fraction=0.25, seed=0)
+    finally:
+        (tmp_path / "data" / "class_00" / "secret").chmod(0o755)
+    assert check.status == doctor.FAIL
+    assert check.detail == f"{tmp_path}/data/class_00/secret: not readable by UID {os.getuid()}"
+    assert check.fix == "on the host: chmod -R a+rX on that folder"
+
+
 # ---------------------------------------------------------------- /dev/shm
 def test_shared_memory_smaller_than_the_batches_asked_for_warns_with_what_the_loader_uses():
     needed = (2 * 4 + 2) * BATCH_BYTES  # in flight, and the two batches the training process holds

@@ -4,10 +4,14 @@ Layout at --data, either
     DATA/train/CLASS/IMAGE and DATA/val/CLASS/IMAGE, or
     DATA/CLASS/IMAGE (or DATA/train/CLASS/IMAGE alone), from which a seeded fraction (--val-fraction) is held
     out for validation.
-Class folders may nest sub-folders. Names starting with a dot (.ipynb_checkpoints, .DS_Store) are skipped.
+DATA/train and DATA/val are the splits only when they hold class folders: one that holds images and no sub-folder
+of images is a class like the others ('train' is a class of PASCAL VOC).
+Class folders may nest sub-folders. Names starting with a dot (.ipynb_checkpoints, .DS_Store) are skipped; so is a
+link back to a folder being walked (a symlink loop, e.g. CLASS/up -> ..), so that each image is listed once.
 The index is kept in numpy arrays (SampleIndex), so that forked loader workers share its pages.
 """
 
+import errno
 import os
 
 import numpy as np
@@ -16,7 +20,23 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".
 
 
 class DataError(ValueError):
-    """The data at --data cannot be used: reported as one line, exit code 2."""
+    """The data at --data cannot be used: reported as one line, exit code 2. `fix`, for a problem that has a fix
+    of its own (a link to remove, a folder to make readable), ends that line; doctor shows it as the fix."""
+
+    def __init__(self, problem, fix=None):
+        super().__init__(problem if fix is None else f"{problem}; {fix}")
+        self.problem, self.fix = problem, fix
+
+
+def read_error(error):
+    """The DataError for `error`, an OSError met while listing --data: the path, what is wrong, and the fix."""
+    if error.errno == errno.ELOOP:
+        return DataError(f"{error.filename}: a symlink loop", fix="remove the link")
+    if error.errno == errno.EACCES:
+        return DataError(
+            f"{error.filename}: not readable by UID {os.getuid()}", fix="on the host: chmod -R a+rX on that folder"
+        )
+    return DataError(f"{error.filename}: cannot be read ({error.strerror})")
 
 
 class SampleIndex:
@@ -56,23 +76,51 @@ class SampleIndex:
 
 
 def visible_entries(folder):
-    """The entries of `folder` whose names do not start with a dot, sorted by name."""
-    return sorted((entry for entry in os.scandir(folder) if not entry.name.startswith(".")), key=lambda e: e.name)
+    """(entry, is_folder) for the entries of `folder` whose names do not start with a dot, sorted by name; links
+    are followed. A folder this user cannot read, or a symlink loop, raises DataError (read_error)."""
+    try:
+        entries = sorted(
+            (entry for entry in os.scandir(folder) if not entry.name.startswith(".")), key=lambda e: e.name
+        )
+        return [(entry, entry.is_dir()) for entry in entries]
+    except OSError as error:
+        raise read_error(error) from None
+
+
+def is_image(entry, is_folder):
+    """Whether the visible_entries pair is an image file (by its extension, in any case)."""
+    return not is_folder and entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file()
 
 
 def list_class_names(folder):
-    return [entry.name for entry in visible_entries(folder) if entry.is_dir()]
+    return [entry.name for entry, is_folder in visible_entries(folder) if is_folder]
 
 
-def list_images(folder):
-    """Image files under `folder` and its visible sub-folders, in a fixed order; extensions in any case."""
+def leads_back(path, walking):
+    """Whether the folder `path` is, or holds, one of the real paths `walking`: following it would loop."""
+    real = os.path.realpath(path)
+    return any(folder == real or folder.startswith(real.rstrip(os.sep) + os.sep) for folder in walking)
+
+
+def list_images(folder, walking=()):
+    """Image files under `folder` and its visible sub-folders, in a fixed order; extensions in any case. A link
+    back to a folder being walked (`walking`, real paths) is not followed: each image is listed once."""
+    walking = (*walking, os.path.realpath(folder))
     images = []
-    for entry in visible_entries(folder):
-        if entry.is_dir():
-            images.extend(list_images(entry.path))
-        elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
+    for entry, is_folder in visible_entries(folder):
+        if is_folder and not leads_back(entry.path, walking):
+            images.extend(list_images(entry.path, walking))
+        elif is_image(entry, is_folder):
             images.append(entry.path)
     return images
+
+
+def holds_classes(folder):
+    """Whether `folder` is a folder of class folders: it holds no images, or it has a sub-folder of images."""
+    entries = visible_entries(folder)
+    if not any(is_image(entry, is_folder) for entry, is_folder in entries):
+        return True
+    return any(is_folder and list_images(entry.path) for entry, is_folder in entries)
 
 
 def scan_image_folder(folder, class_names):
@@ -98,16 +146,22 @@ def hold_out(index, fraction, seed):
     return index.subset(np.sort(order[val_count:])), index.subset(np.sort(order[:val_count]))
 
 
+def split_folder(root, name):
+    """ROOT/NAME (train or val) where it is a split, a folder of class folders (holds_classes), else None: one
+    that holds images and no sub-folder of images is a class like the others."""
+    path = os.path.join(root, name)
+    return path if os.path.isdir(path) and holds_classes(path) else None
+
+
 def train_folder(root):
-    """The folder of the training classes in the ImageFolder at `root`: ROOT/train where there is one, else ROOT."""
-    train_root = os.path.join(root, "train")
-    return train_root if os.path.isdir(train_root) else root
+    """The folder of the training classes in the ImageFolder at `root`: ROOT/train where it is a split, else ROOT."""
+    return split_folder(root, "train") or root
 
 
 def val_folder(root):
-    """ROOT/val where the ImageFolder at `root` has both train/ and val/, else None (val is held out of train)."""
-    val_root = os.path.join(root, "val")
-    return val_root if train_folder(root) != root and os.path.isdir(val_root) else None
+    """ROOT/val where the ImageFolder at `root` has both splits, train/ and val/, else None (val is held out of
+    train)."""
+    return split_folder(root, "val") if train_folder(root) != root else None
 
 
 def index_image_folder(root, val_fraction, seed):

@@ -319,10 +319,10 @@ def indexed_data_check(data_dir, batch_size, val_fraction, seed):
         return problem, None
     try:
         class_names, train_index, val_index = splits.load_splits(data_dir, val_fraction, seed)
-    except folder.DataError as error:
-        fix = f"arrange {data_dir} as train/CLASS/IMAGE and val/CLASS/IMAGE"
-        return Check("data", FAIL, str(error), fix=fix), None
-    except OSError as error:
+    except folder.DataError as error:  # its own fix (a symlink loop, an unreadable folder), else the layout's
+        fix = error.fix or f"arrange {data_dir} as train/CLASS/IMAGE and val/CLASS/IMAGE"
+        return Check("data", FAIL, error.problem, fix=fix), None
+    except OSError as error:  # a prepared copy's own files; the folders of an ImageFolder raise DataError
         fix = "on the host: chmod -R a+rX the folder"
         return Check("data", FAIL, f"cannot read {data_dir}: {error}", fix=fix), None
     mount = mount_of(data_dir)
