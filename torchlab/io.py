@@ -133,8 +133,10 @@ def publish_folder(out_dir, write_into, settings):
 
 
 def report_published(prog, out_dir, write):
-    """Run write() (which publishes out_dir atomically) and say what it did; a clash, or a parent folder this
-    user cannot write in, is one line and exit 2."""
+    """Run write() (which publishes out_dir atomically) and say what it did; a clash, a file where the folder
+    would go, or a parent folder this user cannot write in, is one line and exit 2, before write() starts."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        exit_with_error(prog, unwritable_reason(out_dir))
     writable_folder(prog, os.path.dirname(os.path.abspath(out_dir)), out_dir)
     try:
         written = write()

@@ -66,3 +66,13 @@ def test_a_folder_it_cannot_write_in_is_one_line(tmp_path):
     assert result.stderr == (
         f"torchlab sample-data: error: {tmp_path}/file/samples: {tmp_path}/file is a file, not a folder\n"
     )
+
+
+def test_a_file_where_the_folder_would_go_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    (tmp_path / "afile").write_bytes(b"keep")
+    monkeypatch.setattr(sample_data, "write_split", lambda *args: pytest.fail("generated data"))
+    with pytest.raises(SystemExit) as exit_info:
+        sample_data.main([str(tmp_path / "afile")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"torchlab sample-data: error: {tmp_path}/afile is a file, not a folder\n"
+    assert [path.name for path in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_bytes() == b"keep"
