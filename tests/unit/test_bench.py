@@ -177,6 +177,10 @@ def test_device_cuda_without_a_gpu_is_one_line_before_any_work(tmp_path, capsys)
         (("--cache-dir", "{file}/cache"), "--cache-dir {file}/cache: {file} is a file, not a folder"),
         (("--out-dir", "{file}/out"), "--out-dir {file}/out: {file} is a file, not a folder"),
         (("--data", "{tiny}", "--batch-size", "4"), "{tiny}: 3 training images, fewer than one batch (--batch-size 4)"),
+        (
+            ("--data", "{bad}", "--batch-size", "4", "--repetitions", "1"),
+            "--data {bad}: the reference loaders (naive, classic, decode-only) stop at an unreadable image",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, flags, message):
@@ -184,7 +188,12 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, flags, message)
     for number in range(3):
         (tmp_path / "tiny" / "cat").mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (32, 32)).save(tmp_path / "tiny" / "cat" / f"{number}.jpg")
-    paths = {"file": tmp_path / "file", "tiny": tmp_path / "tiny"}
+    for name in ("cat", "dog"):
+        (tmp_path / "bad" / name).mkdir(parents=True)
+        for number in range(6):
+            Image.new("RGB", (32, 32)).save(tmp_path / "bad" / name / f"{number}.jpg")
+    (tmp_path / "bad" / "dog" / "text.jpg").write_text("not a JPEG")
+    paths = {"file": tmp_path / "file", "tiny": tmp_path / "tiny", "bad": tmp_path / "bad"}
     threads = torch.get_num_threads()
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out"), "--device", "cpu",

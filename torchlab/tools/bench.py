@@ -621,6 +621,11 @@ def main(argv=None, prog="torchlab bench"):
         )
     except folder.DataError as error:
         io.exit_with_error(prog, error)
+    except decode.UNREADABLE_IMAGE_ERRORS as error:  # torchvision's ImageFolder raises them, in a worker or not
+        cause = str(error).strip().splitlines()[-1]
+        io.exit_with_error(prog, f"--data {data_root}: the reference loaders (naive, classic, decode-only) stop "
+                                 f"at an unreadable image ({cause}); bench a folder without such files (train.py "
+                                 "skips them and lists them in bad_images.txt)")  # fmt: skip
 
 
 if __name__ == "__main__":
