@@ -39,6 +39,8 @@ def unreadable_reason(source):
     """Why ImageDataset could not decode `source`, in one line (asked again, for the report of bad images)."""
     try:
         load_crop(source, center_crop_box, 8)
+    except Image.UnidentifiedImageError:  # its message names only the BytesIO the file was read into
+        return "not an image Pillow can read (an unknown format, or no image at all)"
     except UNREADABLE_IMAGE_ERRORS as error:
         return f"{type(error).__name__}: {error}".replace("\n", " ")
     return "decoded when read again (a file that changed during the epoch?)"
