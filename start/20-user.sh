@@ -133,6 +133,8 @@ setup_user_as_self() {
     NB_USER=$name NB_UID=$uid NB_GID=$gid
     HOME_DIR=$(getent passwd "$uid" | cut -d: -f6 || true)
     HOME_DIR=${HOME_DIR:-/home/jovyan}
+    [ -w "$HOME_DIR" ] || [ -w /workspace ] ||
+        log "warning: UID $uid can write neither its home $HOME_DIR nor /workspace, so notebooks, runs and pip --user cannot be saved: mount a folder it owns at /workspace (-v \"\$PWD/work\":/workspace), or start as the image's user (--user 1000:100)"
 }
 
 # Files written to /workspace should belong to the person on the host: with no NB_UID
@@ -168,7 +170,7 @@ as_user=(env HOME="$HOME_DIR" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash
 # overwritten. The notebooks go to /workspace (Jupyter's root); `python train.py` works in the
 # SSH login directory.
 if [ -d /workspace ] && [ ! -e /workspace/notebooks ]; then
-    "${as_user[@]}" cp -r /opt/torchlab/notebooks /workspace/notebooks ||
+    "${as_user[@]}" cp -r /opt/torchlab/notebooks /workspace/notebooks 2>/dev/null ||
         log "warning: could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
 fi
 # A link made by an image before 0.3 points at /opt/torchlab/train/train.py, which is gone: it is re-pointed.

@@ -99,3 +99,10 @@ def test_uid_that_cannot_get_an_entry_stops_the_services_but_runs_a_command():
     command = docker("run", "--rm", "--user", "1010:1010", IMAGE, "id")
     assert command.stdout.strip() == "uid=1010 gid=1010 groups=1010"
     assert "warning: UID 1010 has no passwd entry" in command.stderr
+
+
+def test_a_uid_that_can_write_no_home_is_told_what_to_mount():
+    result = docker("run", "--rm", "--user", "1010:0", IMAGE, "true")
+    warning = [line for line in result.stderr.splitlines() if "can write neither its home" in line]
+    assert len(warning) == 1 and "/workspace" in warning[0], result.stderr
+    assert "cp:" not in result.stderr  # the notebooks' copy says it in its own line
