@@ -125,6 +125,9 @@ SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
 # hub it asks JUPYTER_PORT's /api).
 hub_probe=""
 [ "$hub" = no ] || hub_probe=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
+# docker-stacks' GEN_CERT (a self-signed certificate, HTTPS) is not served here: no silent plain HTTP.
+[ -z "${GEN_CERT:-}" ] ||
+    die "GEN_CERT='$GEN_CERT': torchlab serves Jupyter over plain HTTP, behind its token, and makes no certificate; expected TLS from a reverse proxy in front of the container (or SSH port forwarding), and GEN_CERT unset"
 [[ -z $NB_UMASK || $NB_UMASK =~ ^0?[0-7]{3}$ ]] ||
     die "NB_UMASK='$NB_UMASK': expected an octal umask such as 002 (group-writable files) or 022"
 for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START; do

@@ -40,6 +40,7 @@ VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67D
         ({"JUPYTER_ENV_VARS_TO_UNSET": "GOOD,not-a-name"}, "JUPYTER_ENV_VARS_TO_UNSET"),
         ({"JUPYTER_UI": "classic"}, "JUPYTER_UI"),
         ({"NB_UMASK": "rwx"}, "NB_UMASK"),
+        ({"GEN_CERT": "yes"}, "GEN_CERT"),
     ],
 )
 def test_bad_input_stops_before_anything_starts(env, variable):
