@@ -263,8 +263,8 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
                 log.print(f"stopped by {stop_reason(stop, cfg)} at epoch {position.epoch}, "
                           f"step {position.global_step}: saved {path}")  # fmt: skip
             return
+        bad_images.check(record["bad_images"], position.epoch, cfg, log)  # over the limit: reports, then raises
         bad_images.report(position.epoch, log)
-        bad_images.check(record["bad_images"], position.epoch, cfg, log)
         if val_loader is not None:
             record.update(evaluate(training, val_loader, processes))
         log.end_epoch({**record, "lr": training.scheduler.get_last_lr()[0]})

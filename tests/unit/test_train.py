@@ -157,8 +157,10 @@ def test_too_many_unreadable_images_stop_the_run_naming_them(sample_set, tmp_pat
     assert sorted(line.split("\t")[0] for line in listed) == sorted(str(path) for path in broken)
     assert all("truncated" in line.split("\t")[1] or "OSError" in line.split("\t")[1] for line in listed)
 
-    stopped = run_train(*run_flags, "--run-dir", tmp_path / "stopped", "--max-bad-images", "2")
+    # Logged at no step of the epoch: the epoch's end finds them, and names them once.
+    stopped = run_train(*run_flags, "--run-dir", tmp_path / "stopped", "--max-bad-images", "2", "--log-interval", "99")
     assert stopped.returncode == 1
+    assert stopped.stdout.count("unreadable images: ") == 1, stopped.stdout
     assert "more than --max-bad-images 2" in stopped.stderr and "Traceback" not in stopped.stderr
     assert any(path.name in stopped.stderr for path in broken)
 
