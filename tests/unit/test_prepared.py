@@ -11,6 +11,7 @@ from PIL import Image
 
 from torchlab import loader
 from torchlab.data import decode, folder, prepared, splits
+from torchlab.tools import doctor
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,8 @@ def test_a_copy_whose_source_changed_is_refused(sample_set, tmp_path):
     victim.write_bytes(victim.read_bytes() + b"\0")
     with pytest.raises(folder.DataError, match="has changed since it was prepared"):
         splits.load_splits(str(tmp_path / "copy"), 0.1, 0)
+    check = doctor.check_data(str(tmp_path / "copy"), batch_size=16, val_fraction=0.1, seed=0)
+    assert check.status == doctor.FAIL and check.fix == f"prepare it again: torchlab prepare {source} NEW_FOLDER"
 
 
 def test_a_folder_that_is_not_a_prepared_copy_is_never_written_into(sample_set, tmp_path):

@@ -228,7 +228,7 @@ def open_prepared(root):
     index_path = os.path.join(root, INDEX_FILE)
     if not os.path.exists(index_path):
         raise folder.DataError(
-            f"{root}: an unfinished prepared copy; run torchlab prepare again with the same arguments"
+            f"{root}: an unfinished prepared copy", fix="run torchlab prepare again with the same arguments"
         )
     with np.load(index_path) as index:
         manifest = json.loads(str(index["manifest"]))
@@ -243,8 +243,8 @@ def open_prepared(root):
             unchanged = False
         if not unchanged:
             raise folder.DataError(
-                f"{root}: its source {source} has changed since it was prepared (files added, removed or modified); "
-                f"prepare it again: torchlab prepare {source} NEW_FOLDER"
+                f"{root}: its source {source} has changed since it was prepared (files added, removed or modified)",
+                fix=f"prepare it again: torchlab prepare {source} NEW_FOLDER",
             )
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     everything = PreparedIndex(os.path.join(root, DATA_FILE), starts, ends, labels, paths)
