@@ -1,5 +1,6 @@
 """The entrypoint: bad input, users and UIDs, hooks, supervision, stop, health, host keys, logs."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -41,6 +42,7 @@ VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67D
         ({"JUPYTER_UI": "classic"}, "JUPYTER_UI"),
         ({"NB_UMASK": "rwx"}, "NB_UMASK"),
         ({"GEN_CERT": "yes"}, "GEN_CERT"),
+        ({"DOCKER_STACKS_JUPYTER_CMD": "nbclassic"}, "DOCKER_STACKS_JUPYTER_CMD"),
     ],
 )
 def test_bad_input_stops_before_anything_starts(env, variable):
@@ -172,6 +174,8 @@ def test_healthcheck_follows_both_services(containers):
     container = containers.run("--health-interval=1s", "--health-start-period=60s", env=proxy)
     wait_for(lambda: container.state()["Health"]["Status"] == "healthy", 60, "a healthy container")
     assert container.exec("torchlab-healthcheck", check=False).returncode == 0
+    image_check = json.loads(docker("image", "inspect", "-f", "{{json .Config.Healthcheck}}", IMAGE).stdout)
+    assert image_check["Interval"] == 3 * 10**9  # docker-stacks' interval: healthy within seconds of the services
     # The same check pointed at a port where nothing answers, as when a service is down.
     assert container.exec("env", "SSH_PORT=1", "torchlab-healthcheck", check=False).returncode != 0
     assert container.exec("env", "JUPYTER_PORT=1", "torchlab-healthcheck", check=False).returncode != 0
