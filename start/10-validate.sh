@@ -70,7 +70,10 @@ CHOWN_EXTRA_OPTS=${CHOWN_EXTRA_OPTS:-}
 NB_UMASK=${NB_UMASK:-}
 JUPYTER_ENV_VARS_TO_UNSET=${JUPYTER_ENV_VARS_TO_UNSET:-}
 DOCTOR_AT_START=${DOCTOR_AT_START:-yes}
-JUPYTER_UI=${JUPYTER_UI:-notebook}
+# DOCKER_STACKS_JUPYTER_CMD is docker-stacks' name for the same choice (its lab and notebook).
+ui_var=JUPYTER_UI
+[ -n "${JUPYTER_UI:-}" ] || [ -z "${DOCKER_STACKS_JUPYTER_CMD:-}" ] || ui_var=DOCKER_STACKS_JUPYTER_CMD
+JUPYTER_UI=${JUPYTER_UI:-${DOCKER_STACKS_JUPYTER_CMD:-notebook}}
 SHM_WARN_MB=1024
 
 for var in NB_USER NB_GROUP; do
@@ -149,7 +152,7 @@ done
 case "$JUPYTER_UI" in
     notebook) ui_path=/tree ;;
     lab) ui_path=/lab ;;
-    *) die "JUPYTER_UI='$JUPYTER_UI': expected notebook or lab" ;;
+    *) die "$ui_var='$JUPYTER_UI': expected notebook or lab" ;;
 esac
 IFS=, read -ra chown_extra_paths <<<"$CHOWN_EXTRA"
 for path in "${chown_extra_paths[@]}"; do
