@@ -119,6 +119,8 @@ RUN --mount=type=secret,id=ca_bundle \
 # The user: docker-stacks' contract (jovyan, UID 1000, GID 100 `users`).
 # `*` rather than the locked `!` password: no password login, yet sshd (without PAM)
 # still accepts keys for the account.
+# /workspace is group users' to write (setgid, as docker-stacks' fix-permissions leaves the home): any UID
+# started with --group-add=users can save there.
 # Starts as a user (--user, runAsNonRoot, OpenShift's arbitrary UIDs with GID 0, or any UID with
 # GID 100): groups 0 and users may write /etc/passwd (an ACL for the second), to add an entry for
 # its UID (a root start takes that back), and /run/torchlab is writable. So that a passwd entry cannot be turned into root, no program keeps its setuid bit
@@ -128,7 +130,7 @@ RUN --mount=type=secret,id=ca_bundle \
 RUN useradd --create-home --shell /bin/bash --uid 1000 --gid 100 --password '*' jovyan \
  && mkdir -p /workspace /etc/ssh/host_keys \
         /usr/local/bin/start-notebook.d /usr/local/bin/before-notebook.d \
- && chown 1000:100 /workspace \
+ && chown 1000:100 /workspace && chmod 2775 /workspace \
  && chgrp 0 /etc/passwd && chmod 0664 /etc/passwd && setfacl -m g:users:rw /etc/passwd \
  && install -d -m 1777 /run/torchlab \
  && find / -xdev -perm -4000 -type f ! -path /usr/bin/sudo -exec chmod u-s {} + \

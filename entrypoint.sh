@@ -38,9 +38,10 @@ source "$start_dir/30-ssh.sh"
 source "$start_dir/40-jupyter-auth.sh"
 
 # 5. checks, hooks, start
+# For the services' sessions: a command (torchlab train) has the loader fit itself to /dev/shm and say so.
 shm_mb=$(($(df -Pk /dev/shm | awk 'NR == 2 {print $2}') / 1024))
-if ((shm_mb < SHM_WARN_MB)); then
-    log "warning: /dev/shm is only ${shm_mb} MB; multi-worker DataLoaders die of it with a bus error. Run with --shm-size=8g (or --ipc=host)."
+if [ $# -eq 0 ] && ((shm_mb < SHM_WARN_MB)); then
+    warn "/dev/shm is only ${shm_mb} MB; multi-worker DataLoaders die of it with a bus error. Run with --shm-size=8g (or --ipc=host)."
 fi
 export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
 # What the services, their sessions and the command create gets NB_UMASK's permissions.

@@ -92,7 +92,7 @@ ensure_passwd_entry() {
         local why="UID $uid has no passwd entry and /etc/passwd is not writable"
         local fix="start with GID 0 or 100 (--user $uid:0) on a writable root file system, or with a UID of the image such as 1000"
         [ "$#" -gt 0 ] || die "$why: expected to $fix"
-        log "warning: $why, so ssh, git and pip --user may fail: $fix"
+        warn "$why, so ssh, git and pip --user may fail: $fix"
         return 0
     fi
     home=/home/jovyan

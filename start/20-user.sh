@@ -121,20 +121,22 @@ setup_user_as_root() {
 setup_user_as_self() {
     local uid gid name
     uid=$(id -u) gid=$(id -g) name=$(id -un 2>/dev/null || echo "$NB_USER")
-    [ "$name" = "$NB_USER" ] || log "NB_USER=$NB_USER: skipped, UID $uid is already $name and renaming needs a root start (drop --user)"
+    [ "$name" = "$NB_USER" ] || warn "NB_USER=$NB_USER: skipped, UID $uid is already $name and renaming needs a root start (drop --user)"
     if [ "${NB_UID_GIVEN:-$uid}" != "$uid" ] || [ "${NB_GID_GIVEN:-$gid}" != "$gid" ]; then
-        log "NB_UID/NB_GID: skipped, the container runs as $uid:$gid and changing IDs needs a root start; give them to --user instead"
+        warn "NB_UID/NB_GID: skipped, the container runs as $uid:$gid and changing IDs needs a root start; give them to --user instead"
     fi
-    [ -z "${NB_GROUP:-}" ] || log "NB_GROUP: skipped, naming groups needs a root start (drop --user)"
-    [ "$GRANT_SUDO" = no ] || log "GRANT_SUDO: skipped, the container started as UID $uid, not root; sudo needs a root start (drop --user)"
+    [ -z "${NB_GROUP:-}" ] || warn "NB_GROUP: skipped, naming groups needs a root start (drop --user)"
+    [ "$GRANT_SUDO" = no ] || warn "GRANT_SUDO: skipped, the container started as UID $uid, not root; sudo needs a root start (drop --user)"
     if [ "$CHOWN_HOME" = yes ] || [ -n "$CHOWN_EXTRA" ]; then
-        log "CHOWN_HOME/CHOWN_EXTRA: skipped, chown needs a root start; give the files to UID $uid on the host instead"
+        warn "CHOWN_HOME/CHOWN_EXTRA: skipped, chown needs a root start; give the files to UID $uid on the host instead"
     fi
     NB_USER=$name NB_UID=$uid NB_GID=$gid
     HOME_DIR=$(getent passwd "$uid" | cut -d: -f6 || true)
     HOME_DIR=${HOME_DIR:-/home/jovyan}
-    [ -w "$HOME_DIR" ] || [ -w /workspace ] ||
-        log "warning: UID $uid can write neither its home $HOME_DIR nor /workspace, so notebooks, runs and pip --user cannot be saved: mount a folder it owns at /workspace (-v \"\$PWD/work\":/workspace), or start as the image's user (--user 1000:100)"
+    if [ ! -w "$HOME_DIR" ] && [ ! -w /workspace ]; then
+        warn "UID $uid can write neither its home $HOME_DIR nor /workspace, so notebooks, runs and pip --user cannot be saved: add the group users (--group-add=users), mount a folder it owns at /workspace (-v \"\$PWD/work\":/workspace), or start as the image's user (--user 1000:100)"
+        nowhere_to_write=yes
+    fi
 }
 
 # Files written to /workspace should belong to the person on the host: with no NB_UID
@@ -171,7 +173,7 @@ as_user=(env HOME="$HOME_DIR" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash
 # SSH login directory.
 if [ -d /workspace ] && [ ! -e /workspace/notebooks ]; then
     "${as_user[@]}" cp -r /opt/torchlab/notebooks /workspace/notebooks 2>/dev/null ||
-        log "warning: could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
+        [ "${nowhere_to_write:-no}" = yes ] || warn "could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
 fi
 # A link made by an image before 0.3 points at /opt/torchlab/train/train.py, which is gone: it is re-pointed.
 if [ "$(readlink "$HOME_DIR/train.py" 2>/dev/null)" = /opt/torchlab/train/train.py ]; then

@@ -18,6 +18,6 @@ run_hooks() {  # DIR: *.sh files are sourced, other executables run; in name ord
                 set -eu ;;
             *) if [ -x "$f" ]; then log "hook: running $f"; "$f" || status=$?; else log "hook: ignoring $f (not executable)"; fi ;;
         esac
-        [ "$status" -eq 0 ] || log "hook: $f has failed, continuing execution (status $status)"
+        [ "$status" -eq 0 ] || warn "hook: $f has failed, continuing execution (status $status)"
     done
 }

@@ -3,7 +3,7 @@
 # The services, sshd and Jupyter, started and supervised here alone. supervise_services never
 # returns; it guarantees:
 #   - nothing restarts a service: the container lives as long as both do.
-#   - One ends by itself: one line, "torchlab: sshd|Jupyter exited with status N; stopping the
+#   - One ends by itself: one ERROR line, "sshd|Jupyter exited with status N; stopping the
 #     container"; both get SIGTERM and are waited for; the container exits N, or 1 if N was 0.
 #   - docker stop (SIGTERM, sent to the whole process group by tini -g; or SIGINT): sshd and Jupyter
 #     get SIGTERM and are waited for; then the user's own processes, started over SSH and so out of
@@ -43,7 +43,7 @@ start_jupyter() {
 # large /data take a while.
 start_doctor() {
     [ "$DOCTOR_AT_START" = yes ] || return 0
-    "${as_user[@]}" sh -c "torchlab doctor 2>&1 | sed 's/^/torchlab: doctor: /'" >&2 &
+    "${as_user[@]}" torchlab doctor 2>&1 | while IFS= read -r line; do log "doctor: $line"; done &
 }
 
 log_how_to_connect() {
@@ -92,7 +92,7 @@ supervise_services() {
     wait -n -p ended "$sshd_pid" "$jupyter_pid" || status=$?
     if [ "$stopping" = no ]; then
         name=$([ "${ended:-}" = "$sshd_pid" ] && echo sshd || echo Jupyter)
-        log "$name exited with status $status; stopping the container"
+        error "$name exited with status $status; stopping the container"
         [ "$status" != 0 ] || status=1
     fi
     kill -TERM "$sshd_pid" "$jupyter_pid" 2>/dev/null || true

@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -20,6 +21,13 @@ def docker(*args, check=True, timeout=120, **kwargs):
     if check and result.returncode != 0:
         raise AssertionError(f"docker {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
+
+
+def start_log(text, level):
+    """The messages of the start log's `level` lines (INFO, WARNING, ERROR) in `text`: docker-stacks' format,
+    LEVEL[YYYY-MM-DD HH:MM:SS] message."""
+    pattern = re.compile(rf"^{level}\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\] (.*)$")
+    return [match[1] for match in map(pattern.match, text.splitlines()) if match]
 
 
 def wait_for(condition, timeout, what, on_timeout=lambda: ""):

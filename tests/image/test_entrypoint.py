@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.docker import IMAGE, docker, wait_for
+from helpers.docker import IMAGE, docker, start_log, wait_for
 from helpers.host import require_tool
 from helpers.ssh import ssh
 
@@ -50,10 +50,10 @@ def test_bad_input_stops_before_anything_starts(env, variable):
     # With no command the services would start: a container that got that far would still be running.
     result = docker("run", "--rm", *env_args, IMAGE, check=False, timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
-    errors = result.stderr.strip().splitlines()
-    assert len(errors) == 1, result.stderr
-    assert errors[0].startswith("torchlab: error: ") and variable in errors[0]
-    assert "expected" in errors[0]
+    lines = result.stderr.strip().splitlines()
+    errors = start_log(result.stderr, "ERROR")
+    assert len(lines) == 1 and len(errors) == 1, result.stderr
+    assert variable in errors[0] and "expected" in errors[0]
     output = result.stdout + result.stderr
     assert "made SSH host key" not in output and "Jupyter: http" not in output
 
@@ -240,10 +240,26 @@ def test_without_a_key_the_log_says_how_to_give_one(containers):
     assert "SSH_PUBLIC_KEY" in containers.run().logs()
 
 
-def test_small_dev_shm_is_warned_about(containers):
-    small = containers.run(shm_size="64m").logs()
-    assert "--shm-size" in small and "--ipc=host" in small
+def test_small_dev_shm_is_warned_about_when_the_services_start(containers):
+    small = start_log(containers.run(shm_size="64m").logs(), "WARNING")
+    assert len(small) == 1 and "--shm-size" in small[0] and "--ipc=host" in small[0]
     assert "--shm-size" not in containers.run(shm_size="2g").logs()
+    # A command's loader fits itself to /dev/shm and says so: `docker run IMAGE CMD` is not warned.
+    command = docker("run", "--rm", "--shm-size=64m", IMAGE, "true")
+    assert command.stderr == "", command.stderr
+
+
+def test_the_start_log_has_docker_stacks_levels_and_quiet_keeps_warnings_alone():
+    setup = docker("run", "--rm", "--user", "1000:100", "-e", "GRANT_SUDO=yes", IMAGE, "echo", "ran")
+    assert setup.stdout == "ran\n"  # the start log is on stderr alone
+    warnings = start_log(setup.stderr, "WARNING")
+    assert len(warnings) == 1 and warnings[0].startswith("GRANT_SUDO: skipped"), setup.stderr
+    root = docker("run", "--rm", "-e", "GRANT_SUDO=yes", IMAGE, "true").stderr
+    assert start_log(root, "INFO") == ["GRANT_SUDO: jovyan may use sudo without a password"], root
+    quiet_env = ["-e", "JUPYTER_DOCKER_STACKS_QUIET=1", "-e", "GRANT_SUDO=yes"]
+    assert docker("run", "--rm", *quiet_env, IMAGE, "true").stderr == ""
+    quiet = docker("run", "--rm", "--user", "1000:100", *quiet_env, IMAGE, "true").stderr
+    assert start_log(quiet, "WARNING") == warnings and quiet.count("\n") == 1, quiet
 
 
 def test_command_keeps_the_working_directory_it_was_given():
@@ -290,9 +306,13 @@ def test_the_torchlab_command_has_each_subcommand_with_help(services):
     assert unknown.returncode == 2 and unknown.stderr.startswith("torchlab: error: unknown command 'nonsense'")
 
 
+def doctor_lines(container):
+    return [line for line in start_log(container.logs(), "INFO") if line.startswith("doctor: ")]
+
+
 def test_start_log_carries_the_doctors_report(containers):
     container = containers.run()
-    wait_for(lambda: "torchlab: doctor: " in container.logs() and "shm" in container.logs(), 120, "the doctor's report")
+    wait_for(lambda: any("shm" in line for line in doctor_lines(container)), 120, "the doctor's report")
     assert "--shm-size" not in container.logs()  # 1 GB of /dev/shm is plenty for the defaults here
     quiet = containers.run(env={"DOCTOR_AT_START": "no"})
-    assert "torchlab: doctor: " not in quiet.logs()
+    assert not doctor_lines(quiet)

@@ -7,7 +7,7 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers.docker import IMAGE, docker
+from helpers.docker import IMAGE, docker, start_log
 
 numbers = st.integers(min_value=-5, max_value=5_000_000_000).map(str)
 words = st.text(alphabet=string.printable, max_size=12)
@@ -45,6 +45,6 @@ def test_any_environment_runs_or_fails_with_one_clear_line(env):
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, result.stderr
-        assert lines[0].startswith("torchlab: error: ") and "expected" in lines[0]
+        assert start_log(lines[0], "ERROR") and "expected" in lines[0]
         assert any(name in lines[0] for name in env), (env, lines[0])
         assert "set-up-done" not in result.stdout

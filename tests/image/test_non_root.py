@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from helpers.docker import IMAGE, docker
+from helpers.docker import IMAGE, docker, start_log
 from helpers.jupyter import TOKEN, http_status
 from helpers.ssh import ssh
 
@@ -68,8 +68,8 @@ def test_what_needs_root_is_skipped_one_line_each():
     env_args = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
     result = docker("run", "--rm", "--user", "1000:100", *env_args, IMAGE, "id")
     assert result.stdout.strip() == "uid=1000(jovyan) gid=100(users) groups=100(users)"
-    skipped = [line for line in result.stderr.splitlines() if ": skipped, " in line]
-    assert [line.split(":")[1].strip() for line in skipped] == [
+    skipped = start_log(result.stderr, "WARNING")
+    assert [line.split(": skipped, ")[0] for line in skipped] == [
         "NB_USER=kitten", "NB_UID/NB_GID", "NB_GROUP", "GRANT_SUDO", "CHOWN_HOME/CHOWN_EXTRA",
     ]  # fmt: skip
     assert all("root start" in line for line in skipped)
@@ -94,15 +94,24 @@ def test_uid_that_cannot_get_an_entry_stops_the_services_but_runs_a_command():
     # GID 1010 may not write /etc/passwd (groups 0 and 100 may): sshd could not run, a command can.
     services = docker("run", "--rm", "--user", "1010:1010", IMAGE, check=False, timeout=60)
     assert services.returncode == 2
-    assert services.stderr.strip().startswith("torchlab: error: UID 1010 has no passwd entry")
     assert len(services.stderr.strip().splitlines()) == 1
+    assert start_log(services.stderr, "ERROR")[0].startswith("UID 1010 has no passwd entry")
     command = docker("run", "--rm", "--user", "1010:1010", IMAGE, "id")
     assert command.stdout.strip() == "uid=1010 gid=1010 groups=1010"
-    assert "warning: UID 1010 has no passwd entry" in command.stderr
+    assert start_log(command.stderr, "WARNING")[0].startswith("UID 1010 has no passwd entry")
 
 
-def test_a_uid_that_can_write_no_home_is_told_what_to_mount():
+def test_a_uid_that_can_write_no_home_is_told_what_to_do_in_one_warning():
     result = docker("run", "--rm", "--user", "1010:0", IMAGE, "true")
-    warning = [line for line in result.stderr.splitlines() if "can write neither its home" in line]
-    assert len(warning) == 1 and "/workspace" in warning[0], result.stderr
-    assert "cp:" not in result.stderr  # the notebooks' copy says it in its own line
+    warnings = start_log(result.stderr, "WARNING")
+    assert len(warnings) == 1, result.stderr  # not a second one for the notebooks' copy
+    assert "can write neither its home" in warnings[0] and "--group-add=users" in warnings[0]
+    assert "cp:" not in result.stderr
+
+
+def test_group_users_lets_any_uid_save_in_workspace():
+    probe = "id -Gn; touch /workspace/mine && ls /workspace/notebooks | head -n1"
+    result = docker("run", "--rm", "--user", "1010:0", "--group-add=users", IMAGE, "sh", "-c", probe)
+    groups, notebook = result.stdout.split("\n")[:2]
+    assert "users" in groups.split() and notebook.endswith(".ipynb"), result.stdout
+    assert not start_log(result.stderr, "WARNING"), result.stderr
