@@ -9,7 +9,7 @@ import pytest
 from PIL import Image, JpegImagePlugin
 
 from torchlab.data import decode, folder, prepared, splits
-from torchlab.tools import sample_data
+from torchlab.tools import doctor, sample_data
 
 
 def save_image(path, mode="RGB", size=(60, 40), **save_options):
@@ -150,9 +150,8 @@ def test_an_unlistable_entry_is_one_line_naming_it_for_train_and_prepare(tmp_pat
         (("dog/1.jpg", "train/2.jpg"), "single", ["dog", "train"], 2),
         (("dog/1.jpg", "train/2.jpg", "val/3.jpg"), "single", ["dog", "train", "val"], 3),
         (("cat/1.jpg", "val/2.jpg", "val/nested/3.jpg"), "single", ["cat", "val"], 3),
-        # a split holds class folders; an image beside them, or a val/ of images, is in no class
+        # a split holds class folders: an image beside them is in no class
         (("train/dog/1.jpg", "train/cover.jpg", "train/val/2.jpg"), "train", ["dog", "val"], 2),
-        (("train/dog/1.jpg", "train/cat/2.jpg", "val/3.jpg"), "train", ["cat", "dog"], 2),
         (("train/dog/1.jpg", "train/cat/2.jpg", "val/cat/3.jpg"), "train_val", ["cat", "dog"], 3),
     ],
 )
@@ -165,6 +164,28 @@ def test_train_and_val_are_splits_only_when_they_hold_class_folders(tmp_path, im
 
     assert (splits.data_layout(str(tmp_path)), class_names) == (layout, classes)
     assert len(train_index) + len(val_index) == indexed
+
+
+def test_a_val_folder_of_images_beside_a_train_split_is_a_data_error_and_an_empty_one_is_absent(tmp_path):
+    """Its images were ignored without a word, and --val-fraction of train/ held out in their place."""
+    for name in ("train/dog/1.jpg", "train/cat/2.jpg", "val/3.jpg"):
+        save_image(tmp_path / name)
+
+    with pytest.raises(folder.DataError) as error:
+        splits.load_splits(str(tmp_path), val_fraction=0.5, seed=0)
+
+    assert error.value.problem == f"{tmp_path}/val: holds no class folders, while {tmp_path}/train does"
+    assert error.value.fix == (
+        f"put its images in class folders as in train/ ({tmp_path}/val/CLASS_NAME/IMAGE.jpg), "
+        "or remove it to hold out --val-fraction of train/"
+    )
+    check = doctor.check_data(str(tmp_path), batch_size=1, val_fraction=0.5, seed=0)
+    assert (check.status, check.detail, check.fix) == (doctor.FAIL, error.value.problem, error.value.fix)
+    assert splits.data_layout(str(tmp_path)) == "train"
+
+    (tmp_path / "val" / "3.jpg").unlink()  # no images at all: as if there were no val/
+    _, train_index, val_index = splits.load_splits(str(tmp_path), val_fraction=0.5, seed=0)
+    assert (len(train_index), len(val_index), splits.data_layout(str(tmp_path))) == (1, 1, "train")
 
 
 def test_index_holds_one_buffer_not_one_object_per_sample():

@@ -160,3 +160,15 @@ def test_bad_flags_are_one_line_and_exit_code_2(sample_set, tmp_path, capsys, fl
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith(f"torchlab prepare: error: {message}")
     assert not (tmp_path / "copy").exists()
+
+
+def test_a_missing_source_is_one_line_naming_it_without_a_data_flag(tmp_path, capsys):
+    """prepare has no --data: the line said "--data SOURCE: no such folder"."""
+    source = tmp_path / "absent"
+    with pytest.raises(SystemExit) as exit_info:
+        prepared.main([str(source), str(tmp_path / "copy")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"torchlab prepare: error: {source}: no such folder; mount your images there")
+    assert error.count("\n") == 1 and "--data" not in error
+    assert not (tmp_path / "copy").exists()

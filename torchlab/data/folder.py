@@ -5,7 +5,8 @@ Layout at --data, either
     DATA/CLASS/IMAGE (or DATA/train/CLASS/IMAGE alone), from which a seeded fraction (--val-fraction) is held
     out for validation.
 DATA/train and DATA/val are the splits only when they hold class folders: one that holds images and no sub-folder
-of images is a class like the others ('train' is a class of PASCAL VOC).
+of images is a class like the others ('train' is a class of PASCAL VOC), except a DATA/val of images beside a
+DATA/train split, which is a DataError (its images would be ignored); a DATA/val with no images is as if absent.
 Class folders may nest sub-folders. Names starting with a dot (.ipynb_checkpoints, .DS_Store) are skipped; so is a
 link back to a folder being walked (a symlink loop, e.g. CLASS/up -> ..), so that each image is listed once.
 The index is kept in numpy arrays (SampleIndex), so that forked loader workers share its pages.
@@ -160,15 +161,28 @@ def train_folder(root):
 
 def val_folder(root):
     """ROOT/val where the ImageFolder at `root` has both splits, train/ and val/, else None (val is held out of
-    train)."""
-    return split_folder(root, "val") if train_folder(root) != root else None
+    train). A val/ with no class folders and no images is as if absent."""
+    path = split_folder(root, "val") if train_folder(root) != root else None
+    return path if path is not None and list_class_names(path) else None
+
+
+def check_val_is_used(root, train_root):
+    """Raise DataError where train/ is a split and ROOT/val holds images but no class folders: val_folder does
+    not take it, so its images would be ignored and --val-fraction of train/ held out in their place."""
+    path = os.path.join(root, "val")
+    if train_root != root and os.path.isdir(path) and list_images(path):
+        raise DataError(
+            f"{path}: holds no class folders, while {train_root} does",
+            fix=f"put its images in class folders as in train/ ({path}/CLASS_NAME/IMAGE.jpg), "
+            "or remove it to hold out --val-fraction of train/",
+        )
 
 
 def index_image_folder(root, val_fraction, seed):
     """Index the ImageFolder at `root`: (class_names, train SampleIndex, val SampleIndex). Raises DataError."""
     if not os.path.isdir(root):
         raise DataError(
-            f"--data {root}: no such folder; mount your images there, e.g. docker run -v /path/to/images:{root} ..."
+            f"{root}: no such folder; mount your images there, e.g. docker run -v /path/to/images:{root} ..."
         )
     train_root = train_folder(root)
     class_names = list_class_names(train_root)
@@ -178,4 +192,5 @@ def index_image_folder(root, val_fraction, seed):
     val_root = val_folder(root)
     if val_root is not None:
         return class_names, train_index, scan_image_folder(val_root, class_names)
+    check_val_is_used(root, train_root)
     return (class_names, *hold_out(train_index, val_fraction, seed))
