@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 
 from torchlab import io, loader
 from torchlab.data import device_decode
@@ -107,17 +108,21 @@ def decoders_to_try(decoder, device, index):
 def measure_images_per_sec(dataset, decoder, settings, device, seconds):
     """Images/s of the training loader for `settings` (and make_dataset's `dataset` for `decoder`) over about
     `seconds`, leaving out each pass's first batch (the pipeline filling up, paid once per epoch)."""
-    train_loader = loader.build_loader(dataset, settings, device, train=True)
-    to_device = device_decode.make_device_step(decoder, device, dataset.image_size)
-    images, elapsed, epoch = 0, 0.0, 0
-    while elapsed < seconds:
-        train_loader.sampler.set_epoch(epoch)
-        timing = loader.timed_pass(
-            train_loader, to_device, device, lambda t, left=seconds - elapsed: t.seconds - t.fill_seconds >= left
-        )
-        images += timing.images - timing.first_batch_images
-        elapsed += timing.seconds - timing.fill_seconds
-        epoch += 1
+    with warnings.catch_warnings():
+        # Autotune times one worker more than there are CPUs on purpose: torch's warning about that setting
+        # (when the loader is made, and at each pass) would only cut into the table.
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        train_loader = loader.build_loader(dataset, settings, device, train=True)
+        to_device = device_decode.make_device_step(decoder, device, dataset.image_size)
+        images, elapsed, epoch = 0, 0.0, 0
+        while elapsed < seconds:
+            train_loader.sampler.set_epoch(epoch)
+            timing = loader.timed_pass(
+                train_loader, to_device, device, lambda t, left=seconds - elapsed: t.seconds - t.fill_seconds >= left
+            )
+            images += timing.images - timing.first_batch_images
+            elapsed += timing.seconds - timing.fill_seconds
+            epoch += 1
     return images / elapsed
 
 
