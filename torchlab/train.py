@@ -275,8 +275,10 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
     elif cfg.max_steps is not None and first_step >= cfg.max_steps:
         log.print(f"nothing to do: the run had already reached --max-steps {cfg.max_steps} at step {first_step} "
                   "(a larger --max-steps continues it)")  # fmt: skip
-    else:
-        log.print(f"stopped by {stop_reason(stop, cfg)} after epoch {position.epoch - 1}, step {position.global_step}")
+    else:  # stopped at the loop's head: at an epoch's end, or before this start's first step
+        between_epochs = position.epoch > 0 and position.step_in_epoch == 0
+        where = f"after epoch {position.epoch - 1}" if between_epochs else f"at epoch {position.epoch}"
+        log.print(f"stopped by {stop_reason(stop, cfg)} {where}, step {position.global_step}")
 
 
 def measure_loader(train_loader, cfg, device, processes, log, stop):
@@ -338,12 +340,13 @@ def make_loaders(cfg, train_index, val_index, device, processes):
             make_dataset(cfg, index, train), settings, device, train, processes.rank, processes.world_size
         )
 
-    train_loader = make_loader(train_index, train=True)
-    if len(train_loader) == 0:
+    # Before the loader is made: it may lower its workers to fit /dev/shm and say so, for nothing.
+    if len(train_index) // processes.world_size < cfg.batch_size:  # each process's share (sampler.EpochSampler)
         raise config.ConfigError(
             f"{len(train_index)} training images make no full batch of --batch-size {cfg.batch_size} "
             f"in each of {processes.world_size} processes"
         )
+    train_loader = make_loader(train_index, train=True)
     return train_loader, make_loader(val_index, train=False) if len(val_index) > 0 else None
 
 

@@ -14,7 +14,8 @@ def test_missing_data_folder_says_how_to_mount_it(tmp_path):
 
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert result.stderr.startswith("train.py: error: --data ") and "-v /path/to/images:" in result.stderr
+    assert result.stderr.startswith(f"train.py: error: {tmp_path}/absent: no such folder")
+    assert "-v /path/to/images:" in result.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -81,12 +82,15 @@ def test_more_workers_than_4_per_cpu_is_refused(tmp_path, capsys, sample_set, mo
     assert "loader-only: " in capsys.readouterr().out
 
 
-def test_too_few_images_for_one_batch(tmp_path, capsys, sample_set, signal_handlers_restored):
+def test_too_few_images_for_one_batch(tmp_path, capsys, monkeypatch, sample_set, signal_handlers_restored):
+    # A /dev/shm too small for such batches: the loader, made first, said so before this line, or failed on it.
+    monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (64 * 10**6, 64 * 10**6))
     with pytest.raises(SystemExit) as exit_info:
         train.main(["--data", str(sample_set), "--run-dir", str(tmp_path / "run"), "--batch-size", "1000"])
 
     assert exit_info.value.code == 2
-    assert "make no full batch of --batch-size 1000" in capsys.readouterr().err
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and "make no full batch of --batch-size 1000" in stderr, stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -107,3 +107,22 @@ def test_resuming_a_run_that_reached_max_steps_says_there_is_nothing_to_do(
         last == "nothing to do: the run had already reached --max-steps 2 at step 2 (a larger --max-steps continues it)"
     )
     assert checkpoint.list_checkpoints(run_dir) == [checkpoint.checkpoint_path(run_dir, 2)]
+
+
+def test_a_run_stopped_before_its_first_step_says_at_epoch_0_and_saves_nothing(
+    tmp_path, capsys, monkeypatch, sample_set, signal_handlers_restored
+):
+    """It said "stopped by SIGTERM after epoch -1, step 0"."""
+
+    class SignalledAtStart(train.StopRequest):
+        def __init__(self, under_torchrun):
+            super().__init__(under_torchrun)
+            self.signal_name = "SIGTERM"
+
+    monkeypatch.setattr(train, "StopRequest", SignalledAtStart)
+    run_dir = tmp_path / "run"
+    train.main(["--data", str(sample_set), "--run-dir", str(run_dir), "--workers", "0", *QUICK_RUN])
+
+    printed = capsys.readouterr().out
+    assert "stopped by SIGTERM at epoch 0, step 0" in printed and "epoch -1" not in printed
+    assert checkpoint.list_checkpoints(run_dir) == []
