@@ -34,6 +34,7 @@ start_jupyter() {
     else
         command=(jupyter "$JUPYTER_UI" --ServerApp.port="$JUPYTER_PORT")
     fi
+    log "Executing: ${command[*]}"  # as docker-stacks' start-notebook.py says it; the options given are left out
     command+=("${jupyter_args[@]}")
     "${as_user[@]}" "${command[@]}" &
     jupyter_pid=$!

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.browser import ARTIFACTS
-from helpers.docker import IMAGE, docker, wait_for
+from helpers.docker import IMAGE, docker, start_log, wait_for
 from helpers.jupyter import TOKEN, http_status
 
 pytestmark = pytest.mark.slow
@@ -176,7 +176,9 @@ def test_lab_is_served_beside_notebook_and_jupyter_ui_picks_the_url(containers, 
     default = containers.run(env={"JUPYTER_TOKEN": TOKEN})
     assert http_status(f"http://127.0.0.1:{default.host_port(8888)}/lab?token={TOKEN}") == 200
     assert "/tree (log in with your JUPYTER_TOKEN" in default.logs()
+    assert "Executing: jupyter notebook --ServerApp.port=8888" in start_log(default.logs(), "INFO")
     lab = containers.run(env={"DOCKER_STACKS_JUPYTER_CMD": "lab"})  # docker-stacks' name for JUPYTER_UI
+    assert "Executing: jupyter lab --ServerApp.port=8888" in start_log(lab.logs(), "INFO")
     url = next(line.split("Jupyter: ", 1)[1] for line in lab.logs().splitlines() if "Jupyter: http" in line)
     assert "/lab?token=" in url
     port = lab.host_port(8888)
