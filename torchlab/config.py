@@ -96,7 +96,8 @@ class TrainConfig:
     data: str = flag("/data", "data", "folder with train/ and val/ folders of class folders, or one folder of "
                      "class folders, or a prepared copy (torchlab prepare) (default: /data)")  # fmt: skip
     val_fraction: float = flag(0.1, "data", "share of the images held out for validation when --data has no "
-                               "val/ folder (default: 0.1)", fraction)  # fmt: skip
+                               "val/ folder; a prepared copy keeps the split it was prepared with (default: 0.1)",
+                               fraction)  # fmt: skip
     image_size: int = flag(224, "data", "side of the square network input, px (default: 224)", image_size)
     max_bad_images: int = flag(100, "data", "stop when more images than this in one epoch cannot be decoded; "
                                "they are skipped (default: 100)", non_negative_int)  # fmt: skip
