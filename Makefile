@@ -106,11 +106,11 @@ stop: ## remove the `make run` container; its volumes (/workspace, SSH host keys
 	$(DOCKER_CLI) rm -f $(CONTAINER)
 
 compose-up: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: volumes, secrets, restart policy, GPUs if present
-	@mkdir -p .cache && [ -s .cache/jupyter_token ] || \
+	@mkdir -p .cache && [ -n "$$JUPYTER_TOKEN_PATH" ] || [ -s .cache/jupyter_token ] || \
 		(umask 077 && python3 -c 'import secrets; print(secrets.token_hex(24))' > .cache/jupyter_token)
-	DATA=$(abspath $(or $(DATA),$(SAMPLE_DATA))) $(COMPOSE) -f docker-compose.yml \
+	DATA=$(abspath $(or $(DATA),$(SAMPLE_DATA))) TORCHLAB_IMAGE=$(IMAGE) $(COMPOSE) -f docker-compose.yml \
 		$$(command -v nvidia-smi >/dev/null && echo -f docker-compose.gpu.yml) up -d
-	@echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tree?token=$$(cat .cache/jupyter_token)"
+	@echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/$(if $(filter lab,$(JUPYTER_UI)),lab,tree)?token=$$(cat $${JUPYTER_TOKEN_PATH:-.cache/jupyter_token})"
 	@echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"
 
 multinode: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## one torchrun job over two containers (docker-compose.multinode.yml)
@@ -178,7 +178,7 @@ lint: $(VENV)/.done ## hadolint, shellcheck, ruff
 
 test: lint test-static build test-unit test-image ## lint, static checks, build, then every test against the image
 
-test-static: $(VENV)/.done ## checks of the production path that need no build (env pins, Dockerfile)
+test-static: $(VENV)/.done ## checks that need no build: env pins, Dockerfile, k8s manifests, tools/detect-build
 	$(VENV)/bin/pytest tests/static
 
 test-unit: ## the torchlab package's tests, on the CPU, inside the image (on the sources in this folder)
