@@ -120,9 +120,10 @@ class TrainConfig:
                                     switch=True)  # fmt: skip
     pin_memory: bool = flag(None, "data loading", "page-locked batches for asynchronous copies to the GPU "
                             "(default: on with CUDA)", switch=True)  # fmt: skip
-    autotune: bool = flag(False, "data loading", "time workers x prefetch factor x JPEG draft on this --data and "
-                          "device for --autotune-seconds, print the table, save the fastest to --autotune-file for "
-                          "later runs with --workers auto, and exit (default: off)")  # fmt: skip
+    autotune: bool = flag(False, "data loading", "time decoder (cpu; gpu too on CUDA with JPEGs) x workers x "
+                          "prefetch factor x JPEG draft on this --data and device for --autotune-seconds, print "
+                          "the table, save the fastest to --autotune-file for later runs with --workers auto, and "
+                          "exit (default: off)")  # fmt: skip
     autotune_seconds: float = flag(60.0, "data loading", "time --autotune spends measuring, in all (default: 60)",
                                    positive_float)  # fmt: skip
     autotune_file: str = flag(AUTOTUNE_FILE, "data loading", "where --autotune saves, and --workers auto reads, "
@@ -190,7 +191,7 @@ def build_parser(prog=PROG):
     parser = io.OneLineErrorParser(
         prog=prog,
         description="Train a torchvision classifier on an ImageFolder. Rerunning the same command resumes "
-        "from the newest checkpoint in --run-dir. See README.md beside train.py.",
+        "from the newest checkpoint in --run-dir. In the image, /opt/torchlab/README.md tells more.",
     )
     parser.add_argument(
         "--config",
