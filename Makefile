@@ -105,7 +105,7 @@ run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start t
 stop: ## remove the `make run` container; its volumes (/workspace, SSH host keys) stay
 	$(DOCKER_CLI) rm -f $(CONTAINER)
 
-compose-up: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: volumes, secrets, restart policy, GPUs if present
+compose-up: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: volumes, secrets, restart policy, GPUs if present
 	@mkdir -p .cache && [ -n "$$JUPYTER_TOKEN_PATH" ] || [ -s .cache/jupyter_token ] || \
 		(umask 077 && python3 -c 'import secrets; print(secrets.token_hex(24))' > .cache/jupyter_token)
 	DATA=$(abspath $(or $(DATA),$(SAMPLE_DATA))) TORCHLAB_IMAGE=$(IMAGE) $(COMPOSE) -f docker-compose.yml \
@@ -113,7 +113,7 @@ compose-up: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: volumes, 
 	@echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/$(if $(filter lab,$(JUPYTER_UI)),lab,tree)?token=$$(cat $${JUPYTER_TOKEN_PATH:-.cache/jupyter_token})"
 	@echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"
 
-multinode: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## one torchrun job over two containers (docker-compose.multinode.yml)
+multinode: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## one torchrun job over two containers (docker-compose.multinode.yml)
 	DATA=$(abspath $(or $(DATA),$(SAMPLE_DATA))) TORCHLAB_IMAGE=$(IMAGE) TRAIN_ARGS="$(TRAIN_ARGS)" \
 		$(COMPOSE) -f docker-compose.multinode.yml up
 	$(COMPOSE) -f docker-compose.multinode.yml ps
@@ -121,7 +121,7 @@ multinode: $(if $(DATA),,$(SAMPLE_DATA)/.done) ## one torchrun job over two cont
 compose-down: ## stop the compose service (volumes kept)
 	$(COMPOSE) -f docker-compose.yml down
 
-bench: ## compare input pipelines (naive, classic, torchlab, prepared) with ceilings; .cache/bench/results/bench.{json,png}
+bench: image ## compare input pipelines (naive, classic, torchlab, prepared) with ceilings; .cache/bench/results/bench.{json,png}
 	mkdir -p .cache/bench
 	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --shm-size=2g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
 		-v $(CURDIR)/.cache/bench:/cache --entrypoint torchlab $(IMAGE) \
