@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from torchlab import config, distributed, io, loader, metrics, model, optim
 from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
-from torchlab.data import decode, device_decode, folder, splits
+from torchlab.data import decode, device_decode, folder, sampler, splits
 from torchlab.tools import autotune
 
 BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the log and in the error when there are too many
@@ -341,7 +341,8 @@ def make_loaders(cfg, train_index, val_index, device, processes):
         )
 
     # Before the loader is made: it may lower its workers to fit /dev/shm and say so, for nothing.
-    if len(train_index) // processes.world_size < cfg.batch_size:  # each process's share (sampler.EpochSampler)
+    share = sampler.EpochSampler(len(train_index), True, cfg.seed, processes.rank, processes.world_size)
+    if len(share) < cfg.batch_size:
         raise config.ConfigError(
             f"{len(train_index)} training images make no full batch of --batch-size {cfg.batch_size} "
             f"in each of {processes.world_size} processes"
