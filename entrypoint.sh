@@ -41,9 +41,10 @@ source "$start_dir/40-jupyter-auth.sh"
 # For the services' sessions: a command (torchlab train) has the loader fit itself to /dev/shm and say so.
 # An INFO line: Docker's default 64 MB is what a plain `docker run` gets, and docker-stacks' contract
 # is that a plain start logs no WARNING; the doctor's report flags it too.
-shm_mb=$(($(df -Pk /dev/shm | awk 'NR == 2 {print $2}') / 1024))
-if [ $# -eq 0 ] && ((shm_mb < SHM_WARN_MB)); then
-    log "/dev/shm is only ${shm_mb} MB; multi-worker DataLoaders die of it with a bus error. Run with --shm-size=8g (or --ipc=host)."
+if [ $# -eq 0 ]; then
+    shm_mb=$(($(df -Pk /dev/shm | awk 'NR == 2 {print $2}') / 1024))
+    ((shm_mb >= SHM_WARN_MB)) ||
+        log "/dev/shm is only ${shm_mb} MB; multi-worker DataLoaders die of it with a bus error. Run with --shm-size=8g (or --ipc=host)."
 fi
 export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
 # What the services, their sessions and the command create gets NB_UMASK's permissions.
