@@ -25,6 +25,7 @@ SHELL := /bin/bash
 , := ,
 VENV := .venv
 SAMPLE_DATA := .cache/sample-data
+JUPYTER_UI_PATH = $(if $(filter lab,$(JUPYTER_UI)),lab,tree)
 
 # The automatic values, each resolved the first time a recipe needs it, then kept for the rest of the run.
 detect = $(shell $(2) tools/detect-build $(1))$(if $(filter 0,$(.SHELLSTATUS)),,$(error tools/detect-build $(1) stopped))
@@ -97,7 +98,7 @@ run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start t
 		sleep 1; \
 	done; \
 	token=$$($(DOCKER_CLI) logs $$name 2>&1 | sed -n 's/.*token=\([0-9a-f]*\).*/\1/p' | head -n1); \
-	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/$(if $(filter lab,$(JUPYTER_UI)),lab,tree)?token=$$token"; \
+	echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/$(JUPYTER_UI_PATH)?token=$$token"; \
 	echo "TensorBoard: http://127.0.0.1:$(JUPYTER_HOST_PORT)/tensorboard/?token=$$token"; \
 	echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"; \
 	echo "Stop:    $(STOP_COMMAND)"
@@ -110,7 +111,7 @@ compose-up: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: vol
 		(umask 077 && python3 -c 'import secrets; print(secrets.token_hex(24))' > .cache/jupyter_token)
 	DATA=$(abspath $(or $(DATA),$(SAMPLE_DATA))) TORCHLAB_IMAGE=$(IMAGE) $(COMPOSE) -f docker-compose.yml \
 		$$(command -v nvidia-smi >/dev/null && echo -f docker-compose.gpu.yml) up -d
-	@echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/$(if $(filter lab,$(JUPYTER_UI)),lab,tree)?token=$$(cat $${JUPYTER_TOKEN_PATH:-.cache/jupyter_token})"
+	@echo "Jupyter: http://127.0.0.1:$(JUPYTER_HOST_PORT)/$(JUPYTER_UI_PATH)?token=$$(cat $${JUPYTER_TOKEN_PATH:-.cache/jupyter_token})"
 	@echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"
 
 multinode: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## one torchrun job over two containers (docker-compose.multinode.yml)
