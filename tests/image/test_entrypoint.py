@@ -264,6 +264,13 @@ def test_the_start_log_has_docker_stacks_levels_and_quiet_keeps_warnings_alone()
     assert start_log(quiet, "WARNING") == warnings and quiet.count("\n") == 1, quiet
 
 
+def test_jupyter_ui_is_honoured_and_wins_over_docker_stacks_name_for_it(containers):
+    container = containers.run(env={"JUPYTER_UI": "lab", "DOCKER_STACKS_JUPYTER_CMD": "notebook"})
+    info = start_log(container.logs(), "INFO")
+    assert "Executing: jupyter lab --ServerApp.port=8888" in info
+    assert any(line.startswith("Jupyter: http://127.0.0.1:8888/lab?token=") for line in info), info
+
+
 def test_command_keeps_the_working_directory_it_was_given():
     assert docker("run", "--rm", "-w", "/tmp", IMAGE, "pwd").stdout.strip() == "/tmp"
 
