@@ -210,8 +210,8 @@ def fitted_workers(settings, one_batch_bytes, rank):
 def build_loader(dataset, settings, device, train, rank=0, world_size=1):
     """The DataLoader for `dataset` (an ImageDataset) as training or validation reads it, with `settings` (a
     LoaderSettings). loader.sampler is the EpochSampler: call loader.sampler.set_epoch(epoch, skip) before
-    each pass. Before starting workers it fits them to /dev/shm (fitted_workers): a worker would otherwise die
-    of a bus error mid-epoch.
+    each pass (batches_per_epoch(loader) counts a whole epoch's batches). Before starting workers it fits them
+    to /dev/shm (fitted_workers): a worker would otherwise die of a bus error mid-epoch.
     """
     workers, prefetch_factor = fitted_workers(settings, dataset_batch_bytes(dataset, settings.batch_size), rank)
     pin_memory = device.type == "cuda" if settings.pin_memory is None else settings.pin_memory
@@ -230,6 +230,13 @@ def build_loader(dataset, settings, device, train, rank=0, world_size=1):
         # so a resumed run draws the same random numbers as an uninterrupted one.
         generator=torch.Generator().manual_seed(settings.seed),
     )
+
+
+def batches_per_epoch(data_loader):
+    """Batches in a whole epoch of a loader build_loader made, however far into the epoch set_epoch's skip starts
+    its next pass: len(data_loader) is what that pass yields, fewer after a resume."""
+    batches, rest = divmod(data_loader.sampler.samples_per_epoch(), data_loader.batch_size)
+    return batches + int(rest > 0 and not data_loader.drop_last)
 
 
 class BatchToDevice:

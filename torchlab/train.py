@@ -161,7 +161,9 @@ def train_one_epoch(training, train_loader, position, run):
     when a signal or --max-steps stopped it first. `run` holds the configuration, the processes, the log,
     the stop flag, the bad images and the checkpoints."""
     cfg, processes, log = run.cfg, run.processes, run.log
-    steps_per_epoch = len(train_loader)
+    # The whole epoch's steps: position.step_in_epoch counts from the epoch's start, also after a resume, when
+    # this pass reads only the batches from there (len(train_loader) after the set_epoch below).
+    steps_per_epoch = loader.batches_per_epoch(train_loader)
     train_loader.sampler.set_epoch(position.epoch, skip=position.step_in_epoch * cfg.batch_size)
     training.train_model.train()
     log.start_epoch(position.epoch, steps_per_epoch, position.step_in_epoch)
@@ -342,7 +344,7 @@ def make_loaders(cfg, train_index, val_index, device, processes):
 
     # Before the loader is made: it may lower its workers to fit /dev/shm and say so, for nothing.
     share = sampler.EpochSampler(len(train_index), True, cfg.seed, processes.rank, processes.world_size)
-    if len(share) < cfg.batch_size:
+    if share.samples_per_epoch() < cfg.batch_size:
         raise config.ConfigError(
             f"{len(train_index)} training images make no full batch of --batch-size {cfg.batch_size} "
             f"in each of {processes.world_size} processes"
@@ -373,7 +375,8 @@ def main(argv=None, prog=config.PROG):
 
     processes = distributed.start(processes, device)
     try:  # before config.json is written: a --resume checkpoint of another model leaves the run dir as it was
-        start = None if cfg.loader_only else start_training(cfg, network, len(train_loader), device, processes)
+        steps_per_epoch = loader.batches_per_epoch(train_loader)
+        start = None if cfg.loader_only else start_training(cfg, network, steps_per_epoch, device, processes)
     except CheckpointReadError as error:
         io.exit_with_error(prog, f"--resume {error}")
     log = open_run_dir(cfg, processes, class_names)

@@ -63,6 +63,57 @@ def test_training_order_is_seeded_sharded_and_resumable():
     assert len(sampler_for_rank(0, skip=10)) == 15
 
 
+def test_a_skip_starts_the_next_pass_only_and_the_epoch_keeps_its_length():
+    """set_epoch's skip is where a resumed pass starts: the pass after it reads the whole share again, and
+    samples_per_epoch() is the whole share whatever the skip. train.py took len() for the epoch's length, and
+    after a resume it still had the skip taken off in the next epoch (issue 30)."""
+    epoch_sampler = sampler.EpochSampler(103, train=True, seed=3, rank=1, world_size=4)
+    epoch_sampler.set_epoch(2)
+    whole = list(epoch_sampler)
+
+    epoch_sampler.set_epoch(2, skip=10)
+    assert len(epoch_sampler) == 15
+    assert list(epoch_sampler) == whole[10:]
+    assert len(epoch_sampler) == 25
+    assert list(epoch_sampler) == whole
+    epoch_sampler.set_epoch(2, skip=10)
+    assert epoch_sampler.samples_per_epoch() == 25
+
+
+class KeyDataset(torch.utils.data.Dataset):
+    """Stands in for an ImageDataset in build_loader: its samples are the sampler's keys."""
+
+    image_size = 8
+
+    def __init__(self, length):
+        self.length = length
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, key):
+        return key
+
+    @staticmethod
+    def collate(samples):
+        return samples
+
+
+@pytest.mark.parametrize(("train", "rank", "world_size", "batches"), [(True, 1, 4, 6), (False, 0, 3, 9)])
+def test_batches_per_epoch_counts_a_whole_epoch_whatever_the_skip(train, rank, world_size, batches):
+    """103 samples in batches of 4: training deals 25 to each of 4 processes, 6 full batches; validation 35 of
+    them to the first of 3, in 9 batches, the last one short."""
+    settings = loader.LoaderSettings(batch_size=4, workers=0, pin_memory=False)
+    data_loader = loader.build_loader(KeyDataset(103), settings, torch.device("cpu"), train, rank, world_size)
+    whole = list(data_loader)
+    assert loader.batches_per_epoch(data_loader) == len(data_loader) == len(whole) == batches
+
+    data_loader.sampler.set_epoch(0, skip=2 * 4)
+    assert (loader.batches_per_epoch(data_loader), len(data_loader)) == (batches, batches - 2)
+    assert list(data_loader) == whole[2:]
+    assert loader.batches_per_epoch(data_loader) == len(data_loader) == batches
+
+
 def test_validation_reads_every_sample_once():
     samplers = [sampler.EpochSampler(10, train=False, seed=0, rank=rank, world_size=3) for rank in range(3)]
     positions = sorted(position for rank_sampler in samplers for position, _ in rank_sampler)
