@@ -57,8 +57,14 @@ def should_stop(stop, global_step, cfg, processes):
     return signalled or (cfg.max_steps is not None and global_step >= cfg.max_steps)
 
 
-def stop_reason(stop, cfg):
-    return stop.signal_name or f"--max-steps {cfg.max_steps}"
+def stop_reason(stop, global_step, cfg):
+    """What stopped the run, once should_stop said so: this process's signal, --max-steps, or (under torchrun)
+    a signal that reached another process only: the vote tells whether, not which."""
+    if stop.signal_name is not None:
+        return stop.signal_name
+    if cfg.max_steps is not None and global_step >= cfg.max_steps:
+        return f"--max-steps {cfg.max_steps}"
+    return "a signal to another process"
 
 
 class BadImages:
@@ -262,7 +268,7 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
         if record is None:
             path = run.save(position)
             if path is not None:
-                log.print(f"stopped by {stop_reason(stop, cfg)} at epoch {position.epoch}, "
+                log.print(f"stopped by {stop_reason(stop, position.global_step, cfg)} at epoch {position.epoch}, "
                           f"step {position.global_step}: saved {path}")  # fmt: skip
             return
         bad_images.check(record["bad_images"], position.epoch, cfg, log)  # over the limit: reports, then raises
@@ -280,7 +286,7 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
     else:  # stopped at the loop's head: at an epoch's end, or before this start's first step
         between_epochs = position.epoch > 0 and position.step_in_epoch == 0
         where = f"after epoch {position.epoch - 1}" if between_epochs else f"at epoch {position.epoch}"
-        log.print(f"stopped by {stop_reason(stop, cfg)} {where}, step {position.global_step}")
+        log.print(f"stopped by {stop_reason(stop, position.global_step, cfg)} {where}, step {position.global_step}")
 
 
 def measure_loader(train_loader, cfg, device, processes, log, stop):

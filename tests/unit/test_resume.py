@@ -135,11 +135,13 @@ def test_torchrun_resume_after_sigterm_stops_at_max_steps_exactly(tiny_set, tmp_
         return result
 
     run_dir = tmp_path / "run"
-    torchrun(script, run_dir)
+    first = torchrun(script, run_dir)
     assert checkpoint_steps(run_dir) == [4]
     resumed = torchrun(TRAIN_SCRIPT, run_dir, "--max-steps", "8")
     assert stop_message("--max-steps 8", 8) in resumed.stdout, resumed.stdout[-1500:]
     assert checkpoint_steps(run_dir) == [4, 6, 8]
+    # Rank 0, which prints, got no signal itself: the vote stopped it (it said "stopped by --max-steps None").
+    assert stop_message("a signal to another process", 4) in first.stdout, first.stdout[-1500:]
 
     torchrun(TRAIN_SCRIPT, tmp_path / "reference", "--max-steps", "8")
     intervals = read_metrics(run_dir, "interval")
