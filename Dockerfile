@@ -92,14 +92,11 @@ FROM env-${ENV_SOURCE} AS runtime
 ARG ENV_SOURCE
 # NB_UID and NB_GID are left unset: the entrypoint tells "not given" (adopt /workspace's
 # owner) from a value, and defaults them to 1000 and 100.
-# What users install themselves lands on the /workspace volume and outlives the container:
-# `pip install --user` (PYTHONUSERBASE), conda envs (CONDA_ENVS_PATH), Jupyter kernels
-# installed with `--prefix /workspace/.local` (JUPYTER_PATH); train.py's runs (TORCHLAB_RUNS).
-ENV PATH=/opt/env/bin:/workspace/.local/bin:$PATH \
-    PYTHONUSERBASE=/workspace/.local \
-    CONDA_ENVS_PATH=/workspace/.conda/envs \
-    JUPYTER_PATH=/workspace/.local/share/jupyter \
-    TORCHLAB_RUNS=/workspace/runs \
+# No user-writable place here: this ENV is also root's (the healthcheck, docker exec). What users
+# install themselves lands on the /workspace volume through the user's environment, which the
+# entrypoint builds at the privilege drop (PYTHONUSERBASE, PATH, CONDA_ENVS_PATH, JUPYTER_PATH,
+# TORCHLAB_RUNS: start/20-user.sh).
+ENV PATH=/opt/env/bin:$PATH \
     TORCHLAB_ENV_SOURCE=${ENV_SOURCE} \
     NB_USER=jovyan \
     LANG=C.UTF-8 \
@@ -112,7 +109,7 @@ ENV PATH=/opt/env/bin:/workspace/.local/bin:$PATH \
 RUN --mount=type=secret,id=ca_bundle \
     apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo acl libjpeg62-turbo \
+        openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo libnss-wrapper libjpeg62-turbo \
         ca-certificates git less nano g++ \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 
@@ -121,18 +118,18 @@ RUN --mount=type=secret,id=ca_bundle \
 # still accepts keys for the account.
 # /workspace is group users' to write (setgid, as docker-stacks' fix-permissions leaves the home): any UID
 # started with --group-add=users can save there.
-# Starts as a user (--user, runAsNonRoot, OpenShift's arbitrary UIDs with GID 0, or any UID with
-# GID 100): groups 0 and users may write /etc/passwd (an ACL for the second), to add an entry for
-# its UID (a root start takes that back), and /run/torchlab is writable. So that a passwd entry cannot be turned into root, no program keeps its setuid bit
-# but sudo, which obeys only the sudoers files (GRANT_SUDO, root starts alone). `ssh host CMD`
+# Starts as a user (--user, runAsNonRoot, OpenShift's arbitrary UIDs) need /run/torchlab writable; a
+# UID with no passwd entry gets one through nss_wrapper there, never in /etc/passwd. So that nothing
+# the user writes can become root, no program keeps its setuid bit but sudo, whose sudoers holds no
+# rule (Debian's root and %sudo lines go) but GRANT_SUDO's, added in root starts alone. `ssh host CMD`
 # reads /etc/bash.bashrc before its interactive-only guard: the session's environment goes first.
 # hadolint ignore=SC2016
 RUN useradd --create-home --shell /bin/bash --uid 1000 --gid 100 --password '*' jovyan \
  && mkdir -p /workspace /etc/ssh/host_keys \
         /usr/local/bin/start-notebook.d /usr/local/bin/before-notebook.d \
  && chown 1000:100 /workspace && chmod 2775 /workspace \
- && chgrp 0 /etc/passwd && chmod 0664 /etc/passwd && setfacl -m g:users:rw /etc/passwd \
  && install -d -m 1777 /run/torchlab \
+ && sed -i -E '/^(root|%sudo)[[:space:]]/d' /etc/sudoers \
  && find / -xdev -perm -4000 -type f ! -path /usr/bin/sudo -exec chmod u-s {} + \
  && sed -i '1i [ -n "${TORCHLAB_SESSION_ENV:-}" ] || [ -z "${SSH_CONNECTION:-}" ] || . /etc/profile.d/torchlab.sh' \
         /etc/bash.bashrc \
@@ -177,6 +174,7 @@ LABEL org.opencontainers.image.title="torchlab" \
       io.torchlab.lock-file="${LOCK_FILE}"
 # The entrypoint starts as root to set up the user, keys and sshd, then drops to NB_USER
 # for Jupyter and for any command given; only sshd's listener keeps root (privilege separated).
-# Started as a user (--user), it runs everything, sshd included, as that user.
-ENTRYPOINT ["tini", "-g", "--", "/usr/local/bin/entrypoint.sh"]
+# Started as a user (--user), it runs everything, sshd included, as that user. It hands PID 1 to
+# `tini -g` itself, with the secrets out of PID 1's environment (start/boundary.sh).
+ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
 CMD []

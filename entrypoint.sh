@@ -1,7 +1,9 @@
 #!/bin/bash
-# torchlab entrypoint. tini (PID 1) runs it, as root or (--user, Kubernetes runAsNonRoot,
-# OpenShift, rootless Podman) as the user itself. It sources the parts in start/ (in the image
+# torchlab entrypoint. Docker starts it as PID 1; it hands PID 1 to tini (with the secrets out of its
+# environment) and runs again under it, as root or (--user, Kubernetes runAsNonRoot, OpenShift,
+# rootless Podman) as the user itself. It sources the parts in start/ (in the image
 # /usr/local/lib/torchlab/start), each a concern of its own, and reads top to bottom:
+#   0. the trust boundary (start/boundary.sh says what runs as root and what it may read)
 #   1. read and validate every variable: bad input stops here, before anything starts
 #   2. the user: as root, name, group, UID/GID (adopting /workspace's owner), sudo, home, chowns;
 #      as a user, a passwd entry for its UID, and one line for each thing that needs root
@@ -14,19 +16,30 @@
 #   services             exists while the services are meant to run (the healthcheck's cue);
 #                        under JupyterHub it holds the URL of Jupyter's /api (the hub's prefix)
 #   session-env.sh       the container's environment for SSH sessions (/etc/profile.d/torchlab.sh
-#                        and /etc/bash.bashrc source it)
+#                        and /etc/bash.bashrc source it, in non-root shells only)
+#   nss/passwd, nss/group a start as a UID with no passwd entry: its entry, through nss_wrapper
 #   authorized_keys/USER keys from SSH_PUBLIC_KEY / PUBLIC_KEY (sshd's AuthorizedKeysFile)
 #   sshd_config.d/*.conf sshd drop-ins written at start (host keys)
 set -euo pipefail
 start_dir=/usr/local/lib/torchlab/start
 
-# Helpers, functions alone: log and die, the hook runner, the services' supervisor.
+# Helpers, functions alone: log and die, the trust boundary, the hook runner, the services' supervisor.
 # shellcheck source=start/log.sh
 source "$start_dir/log.sh"
+# shellcheck source=start/boundary.sh
+source "$start_dir/boundary.sh"
 # shellcheck source=start/hooks.sh
 source "$start_dir/hooks.sh"
 # shellcheck source=start/supervise.sh
 source "$start_dir/supervise.sh"
+
+# 0. The secrets come back from the pipe the first run left (hand_off); then the root phase's environment.
+if [ -z "${TORCHLAB_SECRETS_FD:-}" ]; then hand_off "$@"; fi
+# shellcheck disable=SC1090  # what hand_off wrote: NAME=VALUE lines, quoted with %q
+source "/dev/fd/$TORCHLAB_SECRETS_FD"
+exec 3<&-
+unset TORCHLAB_SECRETS_FD
+secure_environment
 
 # shellcheck source=start/10-validate.sh
 source "$start_dir/10-validate.sh"
@@ -46,12 +59,11 @@ if [ $# -eq 0 ]; then
     ((shm_mb >= SHM_WARN_MB)) ||
         log "/dev/shm is only ${shm_mb} MB; multi-worker DataLoaders die of it with a bus error. Run with --shm-size=8g (or --ipc=host)."
 fi
+warn_of_secrets_in_the_environment
 export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
 # What the services, their sessions and the command create gets NB_UMASK's permissions.
 [ -z "$NB_UMASK" ] || umask "$NB_UMASK"
 run_hooks /usr/local/bin/before-notebook.d
-# Gone from Jupyter's and the command's environment (and from SSH sessions, above).
-[ ${#vars_to_unset[@]} -eq 0 ] || unset "${vars_to_unset[@]}"
 
 # No command: sshd and Jupyter, until the container stops (supervise_services exits).
 [ $# -gt 0 ] || supervise_services

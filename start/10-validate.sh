@@ -41,6 +41,7 @@ read_file_var() {  # NAME: if NAME_FILE is set, NAME takes the file's content
     local file_var="${1}_FILE"
     [ -n "${!file_var:-}" ] || return 0
     [ -z "${!1:-}" ] || die "$1 and $file_var are both set; set one"
+    no_link_in_path "$file_var" "${!file_var}"
     [ -r "${!file_var}" ] || die "$file_var=${!file_var}: no readable file there (expected the path of a mounted secret)"
     printf -v "$1" '%s' "$(cat -- "${!file_var}")"
     unset "$file_var"
@@ -80,30 +81,35 @@ for var in NB_USER NB_GROUP; do
     [ -z "${!var+set}" ] || [[ ${!var} =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] ||
         die "$var='${!var}': expected a Linux $([ "$var" = NB_USER ] && echo user || echo group) name (lower-case letters, digits, _ or -, at most 32)"
 done
-# As a user (docker run --user, runAsNonRoot, OpenShift's arbitrary UIDs): sshd, ssh-keygen, git
-# and pip need a passwd entry for the UID. The image lets groups 0 (as docker-stacks does) and
-# users (100) write /etc/passwd for this.
+# /run/torchlab is root's on a root start (the healthcheck and root's shells read it); a start as a
+# user needs it writable (the image's is; with --read-only, a tmpfs).
+if [ "$as_root" = yes ]; then
+    install -d -m 0755 -o root -g root /run/torchlab /run/torchlab/authorized_keys /run/torchlab/sshd_config.d \
+        /run/sshd  # sshd's privilege separation directory
+else
+    { mkdir -p /run/torchlab/authorized_keys /run/torchlab/sshd_config.d 2>/dev/null && [ -w /run/torchlab ]; } ||
+        die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
+fi
+# As a user (docker run --user, runAsNonRoot, OpenShift's arbitrary UIDs): sshd, ssh-keygen, git and
+# pip need a passwd entry for the UID. /etc/passwd stays read-only (a writable one would let a user name
+# itself root to sudo): the entry comes from nss_wrapper, preloaded for the user's processes alone and
+# ignored by setuid programs, with a copy of passwd and group in /run/torchlab/nss.
 ensure_passwd_entry() {
-    local uid gid home
+    local uid gid home nss=/run/torchlab/nss
     uid=$(id -u) gid=$(id -g)
     id -un >/dev/null 2>&1 && return 0
-    if [ ! -w /etc/passwd ]; then
-        # A command may do without a name; sshd cannot.
-        local why="UID $uid has no passwd entry and /etc/passwd is not writable"
-        local fix="start with GID 0 or 100 (--user $uid:0) on a writable root file system, or with a UID of the image such as 1000"
-        [ "$#" -gt 0 ] || die "$why: expected to $fix"
-        warn "$why, so ssh, git and pip --user may fail: $fix"
-        return 0
-    fi
+    mkdir -p "$nss"
     home=/home/jovyan
     [ -w "$home" ] || [ ! -w /workspace ] || home=/workspace
-    # sed -i would need to write a temporary file in /etc; the image's jovyan gives way.
-    sed "/^$NB_USER:/d" /etc/passwd >/tmp/torchlab-passwd
-    printf '%s:x:%s:%s:torchlab user:%s:/bin/bash\n' "$NB_USER" "$uid" "$gid" "$home" >>/tmp/torchlab-passwd
-    cat /tmp/torchlab-passwd >/etc/passwd && rm -f /tmp/torchlab-passwd
+    # The image's jovyan gives way to the UID's entry.
+    { grep -v "^$NB_USER:" /etc/passwd; printf '%s:x:%s:%s:torchlab user:%s:/bin/bash\n' "$NB_USER" "$uid" "$gid" "$home"; } \
+        >"$nss/passwd"
+    { cat /etc/group; getent group "$gid" >/dev/null || printf '%s:x:%s:\n' "$NB_USER" "$gid"; } >"$nss/group"
+    export LD_PRELOAD=libnss_wrapper.so${LD_PRELOAD:+ $LD_PRELOAD} NSS_WRAPPER_PASSWD=$nss/passwd NSS_WRAPPER_GROUP=$nss/group
+    user_env+=("LD_PRELOAD=$LD_PRELOAD" "NSS_WRAPPER_PASSWD=$nss/passwd" "NSS_WRAPPER_GROUP=$nss/group")
     log "UID $uid had no passwd entry: it is now $NB_USER, home $home"
 }
-[ "$as_root" = yes ] || ensure_passwd_entry "$@"
+[ "$as_root" = yes ] || ensure_passwd_entry
 existing_uid=$(id -u "$NB_USER" 2>/dev/null || true)
 [ -z "$existing_uid" ] || ((existing_uid >= 1000)) ||
     die "NB_USER='$NB_USER' is a system account of the image: expected another name, such as jovyan"
@@ -124,10 +130,9 @@ done
 ((10#$SSH_PORT != 10#$JUPYTER_PORT)) ||
     die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
 SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
-# What the healthcheck asks under a hub: Jupyter's /api at the hub's port and prefix (without a
-# hub it asks JUPYTER_PORT's /api).
-hub_probe=""
-[ "$hub" = no ] || hub_probe=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
+# What the healthcheck asks: Jupyter's /api, at the hub's port and prefix under a hub.
+health_url=http://127.0.0.1:$JUPYTER_PORT/api
+[ "$hub" = no ] || health_url=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
 # docker-stacks' GEN_CERT (a self-signed certificate, HTTPS) is not served here: no silent plain HTTP.
 [ -z "${GEN_CERT:-}" ] ||
     die "GEN_CERT='$GEN_CERT': torchlab serves Jupyter over plain HTTP, behind its token, and makes no certificate; expected TLS from a reverse proxy in front of the container (or SSH port forwarding), and GEN_CERT unset"
@@ -162,6 +167,8 @@ IFS=, read -ra vars_to_unset <<<"$JUPYTER_ENV_VARS_TO_UNSET"
 for name in "${vars_to_unset[@]}"; do
     [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] ||
         die "JUPYTER_ENV_VARS_TO_UNSET='$JUPYTER_ENV_VARS_TO_UNSET': expected variable names separated by commas, such as HF_TOKEN,WANDB_API_KEY"
+    ! protected_variable "$name" ||
+        die "JUPYTER_ENV_VARS_TO_UNSET names $name, which the start itself needs: expected other variables, not PATH, LD_*, PYTHON* or the image's own (such as NB_USER)"
 done
 [ -z "$JUPYTER_TOKEN" ] || [ -z "$JUPYTER_PASSWORD" ] ||
     die "JUPYTER_TOKEN and JUPYTER_PASSWORD are both set: expected one of them (or neither, for a random token)"
@@ -182,15 +189,7 @@ if [ -n "$SSH_PUBLIC_KEY" ]; then
 fi
 unset PUBLIC_KEY
 
-# From here the healthcheck expects the services (until they answer, unhealthy); a container
-# given a command of its own runs none, and has nothing to check. /run/torchlab is root's on a
-# root start; a start as a user needs it writable (the image's is; with --read-only, a tmpfs).
-if [ "$as_root" = yes ]; then
-    install -d -m 0755 -o root -g root /run/torchlab /run/torchlab/authorized_keys /run/torchlab/sshd_config.d \
-        /run/sshd  # sshd's privilege separation directory
-else
-    { mkdir -p /run/torchlab/authorized_keys /run/torchlab/sshd_config.d 2>/dev/null && [ -w /run/torchlab ]; } ||
-        die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
-fi
+# From here the healthcheck expects the services (until they answer, unhealthy): the URL it asks, and
+# sshd's port. A container given a command of its own runs none, and has nothing to check.
 rm -f /run/torchlab/services
-[ $# -gt 0 ] || printf '%s\n' "$hub_probe" >/run/torchlab/services
+[ $# -gt 0 ] || printf '%s\n' "$health_url" "$SSH_PORT" >/run/torchlab/services

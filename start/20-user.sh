@@ -15,10 +15,10 @@ mounts_under() {
     done </proc/self/mountinfo
 }
 # chown_tree OWNER PATH [CHOWN_OPTION...] [-- FIND_TEST...]: chown PATH and what lies below it
-# (and passes the tests), without entering a mount point below PATH.
+# (and passes the tests), without entering a mount point below PATH or following a link (find -P).
 chown_tree() {
-    local owner=$1 path point options=() prune=()
-    path=$(realpath -e "$2") && shift 2 || return 1
+    local owner=$1 path=$2 point options=() prune=()
+    shift 2
     while [ $# -gt 0 ] && [ "$1" != -- ]; do options+=("$1") && shift; done
     [ $# -eq 0 ] || shift
     while IFS= read -r point; do
@@ -26,20 +26,22 @@ chown_tree() {
         point=${point//\\/\\\\} point=${point//\*/\\*} point=${point//\?/\\?} point=${point//\[/\\[}
         prune+=(-path "$point" -prune -o)
     done < <(mounts_under "$path")
-    find "$path" "${prune[@]}" "$@" -exec chown --no-dereference "${options[@]}" "$owner" {} +
+    find -P "$path" "${prune[@]}" "$@" -exec chown --no-dereference "${options[@]}" "$owner" {} +
 }
-# chown_named OPTIONS OWNER PATH: chown as asked for by name; -R stops at mount points below PATH.
+# chown_named VARIABLE OPTIONS OWNER PATH: chown as asked for by name; -R stops at mount points below
+# PATH. A PATH that is, or passes through, a link is refused: the user may have made it.
 chown_named() {
     local words options=() recursive=no word
-    read -ra words <<<"$1"
+    read -ra words <<<"$2"
     for word in "${words[@]}"; do
         case $word in -R | --recursive) recursive=yes ;; *) options+=("$word") ;; esac
     done
-    [ -e "$3" ] || die "CHOWN_EXTRA: $3 does not exist; expected existing paths"
+    no_link_in_path "$1" "$4"
+    [ -e "$4" ] || die "$1: $4 does not exist; expected existing paths"
     if [ "$recursive" = yes ]; then
-        chown_tree "$2" "$3" "${options[@]}"
+        chown_tree "$3" "$4" "${options[@]}"
     else
-        chown "${options[@]}" "$2" "$3"
+        chown --no-dereference "${options[@]}" "$3" "$4"
     fi
 }
 
@@ -91,20 +93,19 @@ setup_user_as_root() {
             chown_tree "$NB_UID:$NB_GID" "$HOME_DIR" -- -user "$old_uid"
         fi
     fi
-    [ "$CHOWN_HOME" = no ] || chown_named "$CHOWN_HOME_OPTS" "$NB_UID:$NB_GID" "$HOME_DIR"
+    [ "$CHOWN_HOME" = no ] || chown_named CHOWN_HOME "$CHOWN_HOME_OPTS" "$NB_UID:$NB_GID" "$HOME_DIR"
     for path in "${chown_extra_paths[@]}"; do
-        chown_named "$CHOWN_EXTRA_OPTS" "$NB_UID:$NB_GID" "$path"
+        chown_named CHOWN_EXTRA "$CHOWN_EXTRA_OPTS" "$NB_UID:$NB_GID" "$path"
     done
+    # The image's sudoers has no rule (Debian's root and %sudo lines are gone): GRANT_SUDO's is the only
+    # one, and it names the UID, which no passwd entry can claim.
     if [ "$GRANT_SUDO" = yes ]; then
-        printf '%s ALL=(ALL) NOPASSWD:ALL\n' "$NB_USER" >/etc/sudoers.d/torchlab
+        printf '#%s ALL=(ALL) NOPASSWD:ALL\n' "$NB_UID" >/etc/sudoers.d/torchlab
         chmod 0440 /etc/sudoers.d/torchlab
         log "GRANT_SUDO: $NB_USER may use sudo without a password"
     else
         rm -f /etc/sudoers.d/torchlab
     fi
-    # /etc/passwd is writable by groups 0 and users only for starts as a user (below); chmod also
-    # sets the ACL's mask, so neither group keeps it.
-    chmod 0644 /etc/passwd 2>/dev/null || true  # a read-only root keeps it unwritable anyway
     # A /workspace that Docker made for a bind mount is root's and empty; the image's own is
     # jovyan's (1000). Either way it becomes the user's; a mounted folder of someone else's is left.
     if [ -d /workspace ]; then
@@ -112,7 +113,7 @@ setup_user_as_root() {
         ws_uid=$(stat -c %u /workspace)
         if { [ "$ws_uid" = 0 ] && [ -z "$(ls -A /workspace)" ]; } ||
             { [ "$ws_uid" = 1000 ] && ! mountpoint -q /workspace; }; then
-            chown "$NB_UID:$NB_GID" /workspace
+            chown --no-dereference "$NB_UID:$NB_GID" /workspace
         fi
     fi
 }
@@ -139,6 +140,12 @@ setup_user_as_self() {
     fi
 }
 
+# A system group's members read what it guards (shadow: /etc/shadow): the user's group is new, users
+# (100), or one of GID 1000 and up.
+system_group() {  # GID
+    ((10#$1 < 1000 && 10#$1 != 100)) && getent group "$1" >/dev/null
+}
+
 # Files written to /workspace should belong to the person on the host: with no NB_UID
 # given, a /workspace owned by a non-root user is adopted.
 NB_UID_GIVEN=${NB_UID:-} NB_GID_GIVEN=${NB_GID:-}
@@ -146,6 +153,10 @@ if [ "$as_root" = yes ] && [ -z "${NB_UID:-}" ] && [ -d /workspace ]; then
     ws_uid=$(stat -c %u /workspace) ws_gid=$(stat -c %g /workspace)
     if [ "$ws_uid" != 0 ] && [ "$ws_uid" != 1000 ]; then
         NB_UID=$ws_uid
+        if [ -z "${NB_GID:-}" ] && system_group "$ws_gid"; then
+            warn "/workspace's GID $ws_gid is the image's system group $(getent group "$ws_gid" | cut -d: -f1): running with GID 100 (users) instead (set NB_GID to choose)"
+            ws_gid=100
+        fi
         NB_GID=${NB_GID:-$ws_gid}
         log "/workspace belongs to UID $ws_uid (GID $ws_gid): running as UID $NB_UID GID $NB_GID (set NB_UID to choose)"
     fi
@@ -155,6 +166,10 @@ if [ -n "${NB_GROUP:-}" ] && [ -z "${NB_GID:-}" ] && getent group "$NB_GROUP" >/
 fi
 NB_UID=${NB_UID:-1000}
 NB_GID=${NB_GID:-100}
+# NB_GROUP names a new group, or one of the user's kind: never takes over (or renames) a system group.
+if [ "$as_root" = yes ] && [ -n "${NB_GROUP:-}" ] && system_group "$NB_GID"; then
+    die "NB_GROUP=$NB_GROUP: GID $NB_GID is the image's system group $(getent group "$NB_GID" | cut -d: -f1); expected a new group name, users (100), or a group of GID 1000 and up"
+fi
 uid_owner=$(getent passwd "$NB_UID" | cut -d: -f1 || true)
 case "$uid_owner" in
     "" | jovyan | "$NB_USER") ;;
@@ -164,21 +179,21 @@ esac
 run_hooks /usr/local/bin/start-notebook.d
 if [ "$as_root" = yes ]; then setup_user_as_root; else setup_user_as_self; fi
 
-# Prefix that runs a command as NB_USER, keeping the container's environment.
-as_user=(env HOME="$HOME_DIR" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash)
+# The one privilege drop: the prefix that runs a command as NB_USER, in the user's environment (the
+# container's, with what the root phase left out back in, the user's folders, less
+# JUPYTER_ENV_VARS_TO_UNSET's names).
+user_env+=("PYTHONUSERBASE=${PYTHONUSERBASE:-$USER_BASE}" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-/workspace/.conda/envs}"
+    "JUPYTER_PATH=${JUPYTER_PATH:-$USER_BASE/share/jupyter}" "TORCHLAB_RUNS=${TORCHLAB_RUNS:-/workspace/runs}")
+as_user=(env -u PYTHONNOUSERSITE)
+for name in "${vars_to_unset[@]}"; do as_user+=(-u "$name"); done
+as_user+=("${user_env[@]}" HOME="$HOME_DIR" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash)
 [ "$as_root" = no ] || as_user=(setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups "${as_user[@]}")
 
 # What the image brings for the user, added only where nothing is: a user's files are never
 # overwritten. The notebooks go to /workspace (Jupyter's root); `python train.py` works in the
 # SSH login directory.
-if [ -d /workspace ] && [ ! -e /workspace/notebooks ]; then
-    "${as_user[@]}" cp -r /opt/torchlab/notebooks /workspace/notebooks 2>/dev/null ||
-        [ "${nowhere_to_write:-no}" = yes ] || warn "could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
+if ! "${as_user[@]}" sh -c '[ ! -d /workspace ] || [ -e /workspace/notebooks ] || cp -r /opt/torchlab/notebooks /workspace/notebooks' 2>/dev/null; then
+    [ "${nowhere_to_write:-no}" = yes ] || warn "could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
 fi
-# A link made by an image before 0.3 points at /opt/torchlab/train/train.py, which is gone: it is re-pointed.
-if [ "$(readlink "$HOME_DIR/train.py" 2>/dev/null)" = /opt/torchlab/train/train.py ]; then
-    "${as_user[@]}" rm -f "$HOME_DIR/train.py" 2>/dev/null || true
-fi
-if [ ! -e "$HOME_DIR/train.py" ] && [ ! -L "$HOME_DIR/train.py" ]; then
-    "${as_user[@]}" ln -s /opt/torchlab/train.py "$HOME_DIR/train.py" 2>/dev/null || true
-fi
+# shellcheck disable=SC2016  # $1 is the inner shell's
+"${as_user[@]}" sh -c '[ -e "$1" ] || [ -L "$1" ] || ln -s /opt/torchlab/train.py "$1"' - "$HOME_DIR/train.py" 2>/dev/null || true

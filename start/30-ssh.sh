@@ -35,30 +35,39 @@ if [ $# -eq 0 ]; then
         log "SSH: $(grep -c '^[^#[:space:]]' "/run/torchlab/authorized_keys/$NB_USER") public key(s) for $NB_USER"
     else
         rm -f "/run/torchlab/authorized_keys/$NB_USER"
-        [ -s "$HOME_DIR/.ssh/authorized_keys" ] ||
+        "${as_user[@]}" test -s "$HOME_DIR/.ssh/authorized_keys" ||
             log "SSH: no public key given, so nobody can log in yet: run with -e SSH_PUBLIC_KEY=\"\$(cat ~/.ssh/id_ed25519.pub)\", or mount a file as $HOME_DIR/.ssh/authorized_keys"
     fi
 fi
 unset SSH_PUBLIC_KEY
 
-# sshd gives sessions a fresh environment: hand them every variable the container was started
-# with (this process's own environment), as RunPod and Vast.ai do, except the secrets the
-# entrypoint consumes, JUPYTER_ENV_VARS_TO_UNSET, and what belongs to each process.
-# Login shells read it through /etc/profile.d, `ssh host CMD` through /etc/bash.bashrc.
-not_for_sessions=" JUPYTER_TOKEN JUPYTER_TOKEN_FILE JUPYTER_PASSWORD JUPYTER_PASSWORD_FILE SSH_PUBLIC_KEY"
-not_for_sessions+=" SSH_PUBLIC_KEY_FILE PUBLIC_KEY PUBLIC_KEY_FILE JUPYTERHUB_API_TOKEN JPY_API_TOKEN ${vars_to_unset[*]}"
-not_for_sessions+=" HOSTNAME HOME PWD OLDPWD SHLVL _ USER LOGNAME SHELL TERM MAIL "
+# sshd gives sessions a fresh environment: hand them the user's (as_user's: every variable the container
+# was started with, as RunPod and Vast.ai do, and the user's folders), less the secrets the entrypoint
+# consumes, JUPYTER_ENV_VARS_TO_UNSET's names, and what belongs to each process. Login shells read it
+# through /etc/profile.d, `ssh host CMD` through /etc/bash.bashrc; root's shells never do.
+not_for_sessions=" ${SECRET_VARIABLES[*]} JUPYTER_TOKEN_FILE JUPYTER_PASSWORD_FILE SSH_PUBLIC_KEY_FILE PUBLIC_KEY_FILE"
+not_for_sessions+=" ${vars_to_unset[*]} PYTHONNOUSERSITE HOSTNAME HOME PWD OLDPWD SHLVL _ USER LOGNAME SHELL TERM MAIL "
 write_session_env() {
-    local entry name value
+    local entry name
+    # This process's own environment as Docker gave it (with the secrets already out: hand_off), then
+    # what the drop sets; a later line wins.
     while IFS= read -r -d '' entry; do
-        name=${entry%%=*} value=${entry#*=}
-        [[ $not_for_sessions == *" $name "* ]] && continue
+        name=${entry%%=*}
         if ! [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
             log "SSH sessions: left out the variable '$name' (not a shell variable name)"
             continue
         fi
-        printf "export %s='%s'\n" "$name" "${value//\'/\'\\\'\'}"  # single quotes keep every byte
+        printf '%s\0' "$entry"
     done </proc/$$/environ
+    printf '%s\0' "${user_env[@]}"
 }
-write_session_env >/run/torchlab/session-env.sh.tmp
+quote_session_env() {
+    local entry name value
+    while IFS= read -r -d '' entry; do
+        name=${entry%%=*} value=${entry#*=}
+        [[ -z $name || $not_for_sessions == *" $name "* ]] && continue
+        printf "export %s='%s'\n" "$name" "${value//\'/\'\\\'\'}"  # single quotes keep every byte
+    done
+}
+write_session_env | quote_session_env >/run/torchlab/session-env.sh.tmp
 mv /run/torchlab/session-env.sh.tmp /run/torchlab/session-env.sh

@@ -1,25 +1,25 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154,SC2034  # hub: set by 10-validate.sh; token_generated: read by supervise.sh
 # 4. Jupyter auth: the hub's login, an argon2-hashed password, the given token or a random one;
-# never none. Sets token_generated; JUPYTER_PASSWORD leaves the environment.
+# never none. Sets token_generated and jupyter_auth, the variables for Jupyter's environment alone.
 token_generated=no
+jupyter_auth=()  # what Jupyter's environment gets, and nothing else
 if [ "$hub" = yes ]; then
     # The hub's OAuth (JupyterHubIdentityProvider) is the only way in; a token of our own would
     # be a second one.
     [ -z "$JUPYTER_TOKEN$JUPYTER_PASSWORD" ] ||
         log "JupyterHub: JUPYTER_TOKEN/JUPYTER_PASSWORD ignored, the hub's login applies"
-    unset JUPYTER_TOKEN
+    jupyter_auth=("JUPYTERHUB_API_TOKEN=$JUPYTERHUB_API_TOKEN")
+    [ -z "${JPY_API_TOKEN:-}" ] || jupyter_auth+=("JPY_API_TOKEN=$JPY_API_TOKEN")
 elif [ -n "$JUPYTER_PASSWORD" ]; then
-    # Only the argon2 hash reaches Jupyter; the password itself leaves the environment.
-    TORCHLAB_JUPYTER_PASSWORD_HASH=$(printf '%s' "$JUPYTER_PASSWORD" |
-        python -c 'import sys; from jupyter_server.auth import passwd; print(passwd(sys.stdin.read(), "argon2"))')
-    export TORCHLAB_JUPYTER_PASSWORD_HASH
-    unset JUPYTER_TOKEN
-elif [ -n "$JUPYTER_TOKEN" ]; then
-    export JUPYTER_TOKEN
+    # Only the argon2 hash reaches Jupyter. Python as root: -I, no user site or PYTHON* variables.
+    jupyter_auth=("TORCHLAB_JUPYTER_PASSWORD_HASH=$(printf '%s' "$JUPYTER_PASSWORD" |
+        /opt/env/bin/python -I -c 'import sys; from jupyter_server.auth import passwd; print(passwd(sys.stdin.read(), "argon2"))')")
 else
-    JUPYTER_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(24))')
-    export JUPYTER_TOKEN
-    token_generated=yes
+    if [ -z "$JUPYTER_TOKEN" ]; then
+        JUPYTER_TOKEN=$(od -An -vtx1 -N24 /dev/urandom | tr -d ' \n')
+        token_generated=yes
+    fi
+    jupyter_auth=("JUPYTER_TOKEN=$JUPYTER_TOKEN")
 fi
 unset JUPYTER_PASSWORD

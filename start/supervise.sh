@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154  # as_root, hub, jupyter_args, ui_path, as_user, token_generated: set by the numbered parts
+# shellcheck disable=SC2154  # as_root, hub, jupyter_args, ui_path, as_user, jupyter_auth, token_generated: set by the numbered parts
 # The services, sshd and Jupyter, started and supervised here alone. supervise_services never
 # returns; it guarantees:
 #   - nothing restarts a service: the container lives as long as both do.
@@ -13,13 +13,13 @@
 #     SIGKILL ends everything.
 # The doctor runs alongside, unsupervised: its report goes to the start log, whatever it finds.
 
-# sshd keeps no secret in its environment. A user's sshd serves that one account (OpenSSH's
-# non-privileged mode); its key files live in /run/torchlab, which is the user's: StrictModes off.
+# A root start's sshd runs in the root phase's environment, which holds no secret; a user's sshd serves
+# that one account (OpenSSH's non-privileged mode) in the user's environment (nss_wrapper's entry
+# included); its key files live in /run/torchlab, which is the user's: StrictModes off.
 start_sshd() {
-    local options=(-o "Port=$SSH_PORT" -o PidFile=none)
-    [ "$as_root" = yes ] || options+=(-o StrictModes=no)
-    env -u JUPYTER_TOKEN -u TORCHLAB_JUPYTER_PASSWORD_HASH -u JUPYTERHUB_API_TOKEN -u JPY_API_TOKEN \
-        /usr/sbin/sshd -D -e "${options[@]}" &
+    local command=(/usr/sbin/sshd -D -e -o "Port=$SSH_PORT" -o PidFile=none)
+    [ "$as_root" = yes ] || command=("${as_user[@]}" "${command[@]}" -o StrictModes=no)
+    "${command[@]}" &
     sshd_pid=$!
 }
 
@@ -36,7 +36,7 @@ start_jupyter() {
     fi
     log "Executing: ${command[*]}"  # as docker-stacks' start-notebook.py says it; the options given are left out
     command+=("${jupyter_args[@]}")
-    "${as_user[@]}" "${command[@]}" &
+    "${as_user[@]}" "${jupyter_auth[@]}" "${command[@]}" &
     jupyter_pid=$!
 }
 

@@ -39,6 +39,13 @@ VALID_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTmWNRvKaRQct6YqVuqpLkk6LXG67D
         ({"CHOWN_EXTRA_OPTS": "--reference=/etc/shadow"}, "CHOWN_EXTRA_OPTS"),
         ({"CHOWN_HOME_OPTS": "-R; rm -rf /"}, "CHOWN_HOME_OPTS"),
         ({"JUPYTER_ENV_VARS_TO_UNSET": "GOOD,not-a-name"}, "JUPYTER_ENV_VARS_TO_UNSET"),
+        ({"JUPYTER_ENV_VARS_TO_UNSET": "HF_TOKEN,PATH"}, "JUPYTER_ENV_VARS_TO_UNSET names PATH"),
+        ({"JUPYTER_ENV_VARS_TO_UNSET": "LD_PRELOAD"}, "JUPYTER_ENV_VARS_TO_UNSET names LD_PRELOAD"),
+        ({"JUPYTER_ENV_VARS_TO_UNSET": "PYTHONPATH"}, "JUPYTER_ENV_VARS_TO_UNSET names PYTHONPATH"),
+        ({"JUPYTER_ENV_VARS_TO_UNSET": "NB_USER"}, "JUPYTER_ENV_VARS_TO_UNSET names NB_USER"),
+        ({"NB_GROUP": "shadow"}, "NB_GROUP=shadow"),
+        ({"NB_GROUP": "sudo"}, "NB_GROUP=sudo"),
+        ({"NB_GROUP": "team", "NB_GID": "42"}, "NB_GROUP=team"),
         ({"JUPYTER_UI": "classic"}, "JUPYTER_UI"),
         ({"NB_UMASK": "rwx"}, "NB_UMASK"),
         ({"GEN_CERT": "yes"}, "GEN_CERT"),
@@ -177,8 +184,9 @@ def test_healthcheck_follows_both_services(containers):
     image_check = json.loads(docker("image", "inspect", "-f", "{{json .Config.Healthcheck}}", IMAGE).stdout)
     assert image_check["Interval"] == 3 * 10**9  # docker-stacks' interval: healthy within seconds of the services
     # The same check pointed at a port where nothing answers, as when a service is down.
-    assert container.exec("env", "SSH_PORT=1", "torchlab-healthcheck", check=False).returncode != 0
-    assert container.exec("env", "JUPYTER_PORT=1", "torchlab-healthcheck", check=False).returncode != 0
+    for services in ("http://127.0.0.1:1/api\n2222", "http://127.0.0.1:8888/api\n1"):
+        container.exec("sh", "-c", f"printf '{services}\\n' >/run/torchlab/services")
+        assert container.exec("torchlab-healthcheck", check=False).returncode != 0
 
 
 def test_healthcheck_fails_until_the_services_answer(containers, tmp_path):
@@ -292,18 +300,6 @@ def test_train_py_runs_in_the_login_directory(services, ssh_key):
     out = ssh(services, ssh_key[0], "pwd && python train.py --help").stdout
     assert out.startswith("/home/jovyan\n")
     assert "--data" in out
-
-
-def test_a_login_link_left_by_an_older_image_is_re_pointed_to_the_shim():
-    volume = "torchlab-test-home-" + os.urandom(4).hex()
-    home = f"{volume}:/home/jovyan"
-    try:
-        # Before 0.3 the link pointed into /opt/torchlab/train/, which the package replaced.
-        docker("run", "--rm", "-v", home, IMAGE, "ln", "-sfn", "/opt/torchlab/train/train.py", "/home/jovyan/train.py")
-        out = docker("run", "--rm", "-v", home, IMAGE, "bash", "-c", "readlink ~/train.py && python ~/train.py --help")
-        assert out.stdout.startswith("/opt/torchlab/train.py\nusage: train.py ")
-    finally:
-        docker("volume", "rm", "-f", volume, check=False)
 
 
 def test_the_torchlab_command_has_each_subcommand_with_help(services):

@@ -1,0 +1,103 @@
+# shellcheck shell=bash
+# The trust boundary of the start-up. Root runs: this entrypoint's root phase (hooks included), the
+# HEALTHCHECK (torchlab-healthcheck), `docker exec` (the image's USER is root), sshd's listener, and
+# all of it again at every restart. None of it may run code, read files or follow links that the user
+# can write or make:
+#   - PATH is ROOT_PATH (root-owned system folders) and Python starts with no user site, no PYTHONPATH
+#     and no LD_* preload: the image's ENV names no user-writable place, and the entrypoint drops the
+#     operator's PYTHON*/LD_* variables for its root phase (the user gets them back at the drop).
+#   - Files the root phase reads are root's (/run/torchlab is root's 0755 in a root start) or the
+#     operator's (the *_FILE secrets, hooks); a path it chowns or reads by name must not be, or pass
+#     through, a symbolic link (no_link_in_path); recursive chowns never follow links (find -P, chown -h).
+#   - Profiles (/etc/profile.d/torchlab.sh) apply the session environment to non-root shells only.
+# The user's side is built at the one privilege drop (as_user in 20-user.sh): the operator's
+# environment, the user's folders on PATH and PYTHONUSERBASE (user_env), less the secrets.
+# Secrets (the token, the password, the keys, JUPYTER_ENV_VARS_TO_UNSET's names) never reach PID 1's
+# environment or the entrypoint's (both readable by the user in a start without root): see hand_off.
+
+ROOT_PATH=/opt/env/bin:/opt/conda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+USER_BASE=/workspace/.local
+# Consumed by the entrypoint and passed on only where needed (Jupyter's auth, the hub's token).
+SECRET_VARIABLES=(JUPYTER_TOKEN JUPYTER_PASSWORD SSH_PUBLIC_KEY PUBLIC_KEY JUPYTERHUB_API_TOKEN JPY_API_TOKEN)
+# The entrypoint's own variables, which JUPYTER_ENV_VARS_TO_UNSET may not name (with PATH, LD_*, PYTHON*).
+OWN_VARIABLES=" NB_USER NB_UID NB_GID NB_GROUP NB_UMASK GRANT_SUDO CHOWN_HOME CHOWN_HOME_OPTS CHOWN_EXTRA
+ CHOWN_EXTRA_OPTS SSH_PORT JUPYTER_PORT JUPYTER_UI DOCKER_STACKS_JUPYTER_CMD JUPYTER_TOKEN JUPYTER_TOKEN_FILE
+ JUPYTER_PASSWORD JUPYTER_PASSWORD_FILE SSH_PUBLIC_KEY SSH_PUBLIC_KEY_FILE PUBLIC_KEY PUBLIC_KEY_FILE
+ JUPYTERHUB_API_TOKEN JUPYTERHUB_SERVICE_URL JPY_API_TOKEN JUPYTER_ENV_VARS_TO_UNSET DOCTOR_AT_START
+ JUPYTER_DOCKER_STACKS_QUIET GEN_CERT TORCHLAB_RUNS TENSORBOARD_LOGDIR TORCHLAB_SECRETS_FD HOME USER SHELL "
+
+protected_variable() {  # NAME: true for a name JUPYTER_ENV_VARS_TO_UNSET may not remove
+    [[ $1 == PATH || $1 == LD_* || $1 == PYTHON* || $1 == NSS_WRAPPER_* || $OWN_VARIABLES == *[[:space:]]"$1"[[:space:]]* ]]
+}
+
+# The names JUPYTER_ENV_VARS_TO_UNSET gives that are well formed and not protected (10-validate.sh
+# refuses the others with one line).
+names_to_unset() {
+    local names name
+    IFS=, read -ra names <<<"${JUPYTER_ENV_VARS_TO_UNSET:-}"
+    for name in "${names[@]}"; do
+        [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] && ! protected_variable "$name" && printf '%s\n' "$name"
+    done
+    return 0
+}
+
+# hand_off "$@": the first run of this script re-runs it with the secrets out of its environment, read
+# back from a pipe (fd 3) that is empty once read; as PID 1 it hands PID 1 to tini on the way, so that
+# /proc/1/environ holds none of them either. JUPYTER_ENV_VARS_TO_UNSET's names are dropped for good.
+hand_off() {
+    local name present=() drop=() exposed=()
+    for name in "${SECRET_VARIABLES[@]}"; do
+        [ -z "${!name+set}" ] || present+=("$name") drop+=(-u "$name")
+    done
+    [ -z "${JUPYTER_PASSWORD:-}" ] || exposed+=(JUPYTER_PASSWORD)
+    while IFS= read -r name; do
+        drop+=(-u "$name")
+        [ -z "${!name+set}" ] || exposed+=("$name")
+    done < <(names_to_unset)
+    exec 3< <(
+        for name in "${present[@]}"; do printf '%s=%q\n' "$name" "${!name}"; done
+        printf 'secrets_in_environment=%q\n' "${exposed[*]}"
+    )
+    [ $$ != 1 ] || exec /usr/bin/env "${drop[@]}" TORCHLAB_SECRETS_FD=3 /usr/bin/tini -g -- "$0" "$@"
+    exec /usr/bin/env "${drop[@]}" TORCHLAB_SECRETS_FD=3 "$0" "$@"
+}
+
+# The root phase's environment: a fixed PATH of system folders and no variable that makes Python, bash
+# or the loader read a user's file. The operator's values of what is dropped go to user_env, restored at
+# the drop for the user's processes alone.
+user_env=()
+secure_environment() {
+    local name path=${PATH:-$ROOT_PATH}
+    # The user's own commands come right after the env's, as before the system's.
+    case $path in
+        /opt/env/bin:*) path=/opt/env/bin:$USER_BASE/bin:${path#/opt/env/bin:} ;;
+        *) path=$USER_BASE/bin:$path ;;
+    esac
+    user_env=("PATH=$path")
+    for name in $(compgen -e); do
+        case $name in
+            PYTHON* | LD_* | BASH_ENV | ENV) user_env+=("$name=${!name}") && unset "$name" ;;
+        esac
+    done
+    export PATH=$ROOT_PATH PYTHONNOUSERSITE=1
+}
+
+# no_link_in_path WHAT PATH: fails (one ERROR line, exit 2) when PATH is, or passes through, a symbolic
+# link: as root, a link the user made would redirect a chown or a read to a file of root's.
+no_link_in_path() {
+    local part="" name names
+    IFS=/ read -ra names <<<"${2#/}"
+    for name in "${names[@]}"; do
+        part+=/$name
+        [ ! -L "$part" ] ||
+            die "$1: $part is a symbolic link; expected a path with no link in it (a link the user can make would redirect what root does)"
+    done
+}
+
+# Docker runs `docker exec`, the healthcheck included, in the container's configured environment, as the
+# user in a start without root: a secret given with -e stays readable there, whatever the start does.
+# shellcheck disable=SC2154  # as_root: set by 10-validate.sh
+warn_of_secrets_in_the_environment() {
+    [ "$as_root" = no ] && [ -n "${secrets_in_environment:-}" ] || return 0
+    warn "$secrets_in_environment came in the container's environment: in a start without root, docker exec and the healthcheck run as UID $(id -u) with it, so the user can read them there; give them as files (JUPYTER_PASSWORD_FILE, a mounted secret) or start as root"
+}
