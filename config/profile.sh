@@ -6,5 +6,7 @@
 # shellcheck disable=SC1091
 if [ "$(id -u)" != 0 ] && [ -r /run/torchlab/session-env.sh ]; then
     . /run/torchlab/session-env.sh
+    # NB_UMASK, which sshd does not pass on (it forces 022 into its sessions).
+    [ -z "${NB_UMASK:-}" ] || umask "$NB_UMASK"
 fi
 export TORCHLAB_SESSION_ENV=1

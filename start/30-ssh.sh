@@ -28,6 +28,7 @@ if [ $# -eq 0 ]; then
         log "SSH: host keys in $host_key_dir (UID $NB_UID cannot use /etc/ssh/host_keys; mount a volume there that UID $NB_UID owns to keep them)"
     printf 'HostKey %s/ssh_host_%s_key\n' "$host_key_dir" ed25519 "$host_key_dir" ecdsa "$host_key_dir" rsa \
         >/run/torchlab/sshd_config.d/host-keys.conf
+    printf 'Subsystem sftp internal-sftp%s\n' "${NB_UMASK:+ -u $NB_UMASK}" >/run/torchlab/sshd_config.d/sftp.conf
 
     if [ -n "$SSH_PUBLIC_KEY" ]; then
         printf '%s\n' "$SSH_PUBLIC_KEY" >"/run/torchlab/authorized_keys/$NB_USER"

@@ -4,6 +4,8 @@
 # value) silences INFO; warnings and errors always show.
 log_line() { printf '%s[%(%Y-%m-%d %H:%M:%S)T] %s\n' "$1" -1 "$2" >&2; }
 log() { [ -n "${JUPYTER_DOCKER_STACKS_QUIET:-}" ] || log_line INFO "$*"; }
+# The one INFO line a quiet log keeps: where to log in with a random token, found nowhere else.
+log_always() { log_line INFO "$*"; }
 warn() { log_line WARNING "$*"; }
 # One line, whatever the bad value held: control characters are shown as '?'.
 error() {

@@ -52,7 +52,8 @@ log_how_to_connect() {
     if [ "$hub" = yes ]; then
         log "JupyterHub: JUPYTERHUB_API_TOKEN is set, so jupyterhub-singleuser serves $JUPYTERHUB_SERVICE_URL in place of the standalone server, with the hub's login"
     elif [ "$token_generated" = yes ]; then
-        log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path?token=$JUPYTER_TOKEN"
+        log_always "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path?token=$JUPYTER_TOKEN"
+        log_always "TensorBoard: http://127.0.0.1:$JUPYTER_PORT/tensorboard/?token=$JUPYTER_TOKEN"
     else
         log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
     fi

@@ -9,6 +9,7 @@ import pytest
 
 from helpers.docker import IMAGE, docker, start_log, wait_for
 from helpers.host import require_tool
+from helpers.jupyter import http_status
 from helpers.ssh import ssh
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,6 +271,18 @@ def test_the_start_log_has_docker_stacks_levels_and_quiet_keeps_warnings_alone()
     assert docker("run", "--rm", *quiet_env, IMAGE, "true").stderr == ""
     quiet = docker("run", "--rm", "--user", "1000:100", *quiet_env, IMAGE, "true").stderr
     assert start_log(quiet, "WARNING") == warnings and quiet.count("\n") == 1, quiet
+
+
+def test_quiet_keeps_the_line_with_a_random_token(containers):
+    # The one INFO line a quiet log keeps: the random token is printed nowhere else.
+    container = containers.run(env={"JUPYTER_DOCKER_STACKS_QUIET": "1"})
+    info = start_log(container.logs(), "INFO")
+    assert [line.split("?token=")[0] for line in info] == [
+        "Jupyter: http://127.0.0.1:8888/tree", "TensorBoard: http://127.0.0.1:8888/tensorboard/"
+    ], info  # fmt: skip
+    token = info[0].split("?token=")[1]
+    port = container.host_port(8888)
+    assert http_status(f"http://127.0.0.1:{port}/api/status", {"Authorization": f"token {token}"}) == 200
 
 
 def test_jupyter_ui_is_honoured_and_wins_over_docker_stacks_name_for_it(containers):

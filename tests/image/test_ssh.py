@@ -130,3 +130,31 @@ def test_tmux_session_outlives_the_ssh_connection(services, ssh_key):
     ssh(services, ssh_key[0], "tmux new-session -d -s work 'python -c \"import time; time.sleep(600)\"'")
     assert "work" in ssh(services, ssh_key[0], "tmux list-sessions").stdout
     ssh(services, ssh_key[0], "tmux kill-session -t work")
+
+
+def test_nb_umask_reaches_every_way_in_over_ssh(containers, ssh_key, tmp_path):
+    # sshd forces 022 into its sessions' umask: shells (through the session file) and sftp (its subsystem's
+    # -u) take NB_UMASK's back; scp -O and rsync run in a shell.
+    require_tool("rsync")
+    container = containers.run(env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1], "NB_UMASK": "002"})
+    port = str(container.host_port(2222))
+    assert ssh(container, ssh_key[0], "umask").stdout.strip() == "0002"
+    assert ssh(container, ssh_key[0], "bash -lc umask").stdout.strip() == "0002"
+    terminal = ssh(container, ssh_key[0], options=["-tt"], input="umask; exit\n").stdout
+    assert "0002" in terminal.split(), terminal
+    source = tmp_path / "shared.txt"
+    source.write_text("for the team\n")
+    source.chmod(0o666)
+    common = [*SSH_OPTIONS, "-i", str(ssh_key[0]), "-P", port]
+    batch = tmp_path / "batch"
+    batch.write_text(f"put {source} /workspace/by-sftp.txt\n")
+    subprocess.run(["sftp", *common, "-b", str(batch), "jovyan@127.0.0.1"], check=True, timeout=60,
+                   capture_output=True)  # fmt: skip
+    subprocess.run(["scp", *common, str(source), "jovyan@127.0.0.1:/workspace/by-scp.txt"], check=True, timeout=60)
+    subprocess.run(["scp", "-O", *common, str(source), "jovyan@127.0.0.1:/workspace/by-scp-O.txt"], check=True,
+                   timeout=60)  # fmt: skip
+    transport = f"ssh {' '.join(SSH_OPTIONS)} -i {ssh_key[0]} -p {port}"
+    subprocess.run(["rsync", "-e", transport, str(source), "jovyan@127.0.0.1:/workspace/by-rsync.txt"], check=True,
+                   timeout=60)  # fmt: skip
+    made = ssh(container, ssh_key[0], "touch /workspace/by-ssh.txt; cd /workspace && stat -c '%n %a' by-*").stdout
+    assert sorted(made.splitlines()) == [f"by-{how}.txt 664" for how in ("rsync", "scp-O", "scp", "sftp", "ssh")]
