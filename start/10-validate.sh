@@ -3,7 +3,8 @@
 # 1. Read and validate every variable: bad input stops here (die, exit 2), before anything starts.
 # Reads the command line ("$@"): under a JupyterHub, the spawner's jupyterhub-singleuser and its
 # options become jupyter_args and the command line is emptied (so do docker-stacks' start scripts'). Sets, for the files after it: as_root,
-# hub, jupyter_args, the variables' normalised values, ui_path, chown_extra_paths, vars_to_unset;
+# hub, jupyter_args (NOTEBOOK_ARGS' words included), base_url, the variables' normalised values, ui_path,
+# chown_extra_paths, vars_to_unset;
 # as a user, a passwd entry for the UID; /run/torchlab and its services marker.
 if [ "$(id -u)" = 0 ]; then as_root=yes; else as_root=no; fi
 
@@ -130,15 +131,54 @@ done
 ((10#$SSH_PORT != 10#$JUPYTER_PORT)) ||
     die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
 SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
-# What the healthcheck asks: Jupyter's /api, at the hub's port and prefix under a hub.
-health_url=http://127.0.0.1:$JUPYTER_PORT/api
-[ "$hub" = no ] || health_url=$hub_scheme://127.0.0.1:$hub_port${JUPYTERHUB_SERVICE_PREFIX:-/}api
+# docker-stacks' NOTEBOOK_ARGS: options for the server, split into words as a shell would (shlex, as
+# their start-notebook.py does; Python as root runs with -I), after the command's own.
+if [ -n "${NOTEBOOK_ARGS:-}" ]; then
+    split_words='import shlex, sys; sys.stdout.write("".join(word + "\0" for word in shlex.split(sys.argv[1])))'
+    /opt/env/bin/python -I -c "$split_words" "$NOTEBOOK_ARGS" >/dev/null 2>&1 ||
+        die "NOTEBOOK_ARGS='$NOTEBOOK_ARGS': expected options for the Jupyter server, quoted as in a shell, such as --ServerApp.base_url=/me"
+    readarray -d '' -t words < <(/opt/env/bin/python -I -c "$split_words" "$NOTEBOOK_ARGS")
+    jupyter_args+=("${words[@]}")
+fi
+# The server's base_url, wherever it came from: the healthcheck and the printed URLs follow it.
+base_url=/
+for i in "${!jupyter_args[@]}"; do
+    case "${jupyter_args[i]}" in
+        --ServerApp.base_url=* | --NotebookApp.base_url=*) base_url=${jupyter_args[i]#*=} ;;
+        --ServerApp.base_url | --NotebookApp.base_url) base_url=${jupyter_args[i + 1]:-/} ;;
+    esac
+done
+[ "$hub" = no ] || base_url=${JUPYTERHUB_SERVICE_PREFIX:-/}
+base_url=/${base_url#/} && base_url=${base_url%/}/
+# Jupyter never runs without auth by accident: an option that empties the token (with no password) is
+# refused; JUPYTER_NO_AUTH=yes alone turns auth off, on purpose, with a warning at every start.
+JUPYTER_NO_AUTH=${JUPYTER_NO_AUTH:-no}
+case "$JUPYTER_NO_AUTH" in
+    yes | 1 | true) JUPYTER_NO_AUTH=yes ;;
+    no | 0 | false | "") JUPYTER_NO_AUTH=no ;;
+    *) die "JUPYTER_NO_AUTH='$JUPYTER_NO_AUTH': expected yes or no" ;;
+esac
+for i in "${!jupyter_args[@]}"; do
+    case "${jupyter_args[i]}" in
+        --*.token= | --*.token=\'\' | --*.token=\"\") empty_token=yes ;;
+        --*.token) [[ ${jupyter_args[i + 1]-} =~ ^(\'\'|\"\")?$ ]] && empty_token=yes ;;
+    esac
+done
+if [ "${empty_token:-no}" = yes ] && [ "$hub" = no ] && [ -z "$JUPYTER_PASSWORD" ] && [ "$JUPYTER_NO_AUTH" = no ]; then
+    die "an option empties Jupyter's token, which would serve Jupyter without auth: expected a token or a password (JUPYTER_TOKEN, JUPYTER_PASSWORD), or JUPYTER_NO_AUTH=yes to turn auth off on purpose"
+fi
+[ "$JUPYTER_NO_AUTH" = no ] || [ -z "$JUPYTER_TOKEN$JUPYTER_PASSWORD" ] ||
+    die "JUPYTER_NO_AUTH=yes and a JUPYTER_TOKEN or JUPYTER_PASSWORD: expected one of them, not both"
+# What the healthcheck asks: Jupyter's /api under the base_url, at the hub's port under a hub.
+health_url=http://127.0.0.1:$JUPYTER_PORT${base_url}api
+[ "$hub" = no ] || health_url=$hub_scheme://127.0.0.1:$hub_port${base_url}api
 # docker-stacks' GEN_CERT (a self-signed certificate, HTTPS) is not served here: no silent plain HTTP.
 [ -z "${GEN_CERT:-}" ] ||
     die "GEN_CERT='$GEN_CERT': torchlab serves Jupyter over plain HTTP, behind its token, and makes no certificate; expected TLS from a reverse proxy in front of the container (or SSH port forwarding), and GEN_CERT unset"
 [[ -z $NB_UMASK || $NB_UMASK =~ ^0?[0-7]{3}$ ]] ||
     die "NB_UMASK='$NB_UMASK': expected an octal umask such as 002 (group-writable files) or 022"
-for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START; do
+RESTARTABLE=${RESTARTABLE:-yes}
+for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START RESTARTABLE; do
     case "${!var}" in
         yes | 1 | true) printf -v "$var" yes ;;
         no | 0 | false | "") printf -v "$var" no ;;

@@ -195,5 +195,15 @@ as_user+=("${user_env[@]}" HOME="$HOME_DIR" USER="$NB_USER" LOGNAME="$NB_USER" S
 if ! "${as_user[@]}" sh -c '[ ! -d /workspace ] || [ -e /workspace/notebooks ] || cp -r /opt/torchlab/notebooks /workspace/notebooks' 2>/dev/null; then
     [ "${nowhere_to_write:-no}" = yes ] || warn "could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
 fi
+# docker-stacks' users mount their files below the home (-v "$PWD":/home/jovyan/work): Jupyter's root is
+# /workspace, so each folder below the home that holds a mount is linked there (as the user, only where
+# /workspace has nothing of that name): nothing in the mount is copied, moved or chowned.
+# shellcheck disable=SC2016  # $1 and $2 are the inner shell's
+while IFS= read -r point; do
+    [ "$point" != "$HOME_DIR" ] || continue
+    top=${point#"$HOME_DIR"/} && top=${top%%/*}
+    "${as_user[@]}" sh -c '[ ! -d /workspace ] || [ -e "/workspace/$1" ] || [ -L "/workspace/$1" ] || ln -s "$2" "/workspace/$1"' \
+        - "$top" "$HOME_DIR/$top" 2>/dev/null || true
+done < <(mounts_under "$HOME_DIR" | sort -u)
 # shellcheck disable=SC2016  # $1 is the inner shell's
 "${as_user[@]}" sh -c '[ -e "$1" ] || [ -L "$1" ] || ln -s /opt/torchlab/train.py "$1"' - "$HOME_DIR/train.py" 2>/dev/null || true

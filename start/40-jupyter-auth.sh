@@ -11,6 +11,10 @@ if [ "$hub" = yes ]; then
         log "JupyterHub: JUPYTER_TOKEN/JUPYTER_PASSWORD ignored, the hub's login applies"
     jupyter_auth=("JUPYTERHUB_API_TOKEN=$JUPYTERHUB_API_TOKEN")
     [ -z "${JPY_API_TOKEN:-}" ] || jupyter_auth+=("JPY_API_TOKEN=$JPY_API_TOKEN")
+elif [ "$JUPYTER_NO_AUTH" = yes ]; then
+    warn "JUPYTER_NO_AUTH=yes: Jupyter runs with no token and no password, so whoever reaches port $JUPYTER_PORT runs code as $NB_USER"
+    jupyter_auth=("JUPYTER_TOKEN=")
+    jupyter_args+=(--IdentityProvider.token=)
 elif [ -n "$JUPYTER_PASSWORD" ]; then
     # Only the argon2 hash reaches Jupyter. Python as root: -I, no user site or PYTHON* variables.
     jupyter_auth=("TORCHLAB_JUPYTER_PASSWORD_HASH=$(printf '%s' "$JUPYTER_PASSWORD" |

@@ -1,10 +1,12 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154  # as_root, hub, jupyter_args, ui_path, as_user, jupyter_auth, token_generated: set by the numbered parts
+# shellcheck disable=SC2154  # as_root, hub, jupyter_args, base_url, ui_path, as_user, jupyter_auth, token_generated: set by the numbered parts
 # The services, sshd and Jupyter, started and supervised here alone. supervise_services never
 # returns; it guarantees:
-#   - nothing restarts a service: the container lives as long as both do.
-#   - One ends by itself: one ERROR line, "sshd|Jupyter exited with status N; stopping the
-#     container"; both get SIGTERM and are waited for; the container exits N, or 1 if N was 0.
+#   - Jupyter that exits by itself (File > Shut Down, a crash) is started again, one INFO line, so SSH
+#     sessions and what they run go on; RESTARTABLE=no stops the container instead, and so does a
+#     Jupyter that exits more than JUPYTER_RESTARTS times within a minute (one ERROR line).
+#   - sshd that ends, or Jupyter that is not restarted: one ERROR line, "sshd|Jupyter exited with status
+#     N; stopping the container"; both get SIGTERM and are waited for; the container exits N, or 1 if N was 0.
 #   - docker stop (SIGTERM, sent to the whole process group by tini -g; or SIGINT): sshd and Jupyter
 #     get SIGTERM and are waited for; then the user's own processes, started over SSH and so out of
 #     tini's group (a nohup'd train.py), get SIGTERM, top-level ones only, and are waited for until
@@ -12,6 +14,7 @@
 #   - No wait has a limit of its own: Docker's stop timeout (docker stop -t) bounds them all, and then
 #     SIGKILL ends everything.
 # The doctor runs alongside, unsupervised: its report goes to the start log, whatever it finds.
+JUPYTER_RESTARTS=5
 
 # A root start's sshd runs in the root phase's environment, which holds no secret; a user's sshd serves
 # that one account (OpenSSH's non-privileged mode) in the user's environment (nss_wrapper's entry
@@ -52,10 +55,10 @@ log_how_to_connect() {
     if [ "$hub" = yes ]; then
         log "JupyterHub: JUPYTERHUB_API_TOKEN is set, so jupyterhub-singleuser serves $JUPYTERHUB_SERVICE_URL in place of the standalone server, with the hub's login"
     elif [ "$token_generated" = yes ]; then
-        log_always "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path?token=$JUPYTER_TOKEN"
-        log_always "TensorBoard: http://127.0.0.1:$JUPYTER_PORT/tensorboard/?token=$JUPYTER_TOKEN"
+        log_always "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui_path?token=$JUPYTER_TOKEN"
+        log_always "TensorBoard: http://127.0.0.1:$JUPYTER_PORT${base_url}tensorboard/?token=$JUPYTER_TOKEN"
     else
-        log "Jupyter: http://127.0.0.1:$JUPYTER_PORT$ui_path (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
+        log "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui_path (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
     fi
 }
 
@@ -82,8 +85,19 @@ stop_users_processes() {
     while [ -n "$(users_processes all)" ]; do sleep 0.2; done
 }
 
+# True when Jupyter, which just exited, is to be started again: RESTARTABLE, and no more than
+# JUPYTER_RESTARTS exits within a minute.
+jupyter_restarts=()
+restart_jupyter() {
+    local now=$SECONDS recent=() at
+    [ "$RESTARTABLE" = yes ] || return 1
+    for at in "${jupyter_restarts[@]}"; do ((now - at >= 60)) || recent+=("$at"); done
+    jupyter_restarts=("${recent[@]}" "$now")
+    ((${#jupyter_restarts[@]} <= JUPYTER_RESTARTS))
+}
+
 supervise_services() {
-    local status=0 ended name
+    local status ended name
     cd /workspace || exit
     start_sshd
     start_jupyter
@@ -91,15 +105,28 @@ supervise_services() {
     log_how_to_connect
     stopping=no
     trap 'stopping=yes' TERM INT
-    wait -n -p ended "$sshd_pid" "$jupyter_pid" || status=$?
-    if [ "$stopping" = no ]; then
+    while true; do
+        status=0
+        wait -n -p ended "$sshd_pid" "$jupyter_pid" || status=$?
+        [ "$stopping" = no ] || break
         name=$([ "${ended:-}" = "$sshd_pid" ] && echo sshd || echo Jupyter)
-        error "$name exited with status $status; stopping the container"
+        if [ "$name" = Jupyter ] && restart_jupyter; then
+            log "Jupyter exited with status $status; starting it again (SSH sessions go on; RESTARTABLE=no stops the container instead)"
+            start_jupyter
+            continue
+        fi
+        if [ "$name" = Jupyter ] && [ "$RESTARTABLE" = yes ]; then
+            error "Jupyter exited ${#jupyter_restarts[@]} times within a minute, the last with status $status; stopping the container"
+        else
+            error "$name exited with status $status; stopping the container"
+        fi
         [ "$status" != 0 ] || status=1
-    fi
+        kill -TERM "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
+        wait "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
+        exit "$status"
+    done
     kill -TERM "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
     wait "$sshd_pid" "$jupyter_pid" 2>/dev/null || true
-    [ "$stopping" = yes ] || exit "$status"
     stop_users_processes
     exit 0
 }
