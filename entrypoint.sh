@@ -12,7 +12,8 @@
 #   5. checks and hooks, then either the given command as the user, or sshd + Jupyter supervised
 #      (jupyterhub-singleuser in place of the standalone server when a JupyterHub spawned it)
 # Bad input exits 2; how the services stop, and the exit status then, is said in supervise.sh.
-# Every variable is documented in README.md. Files other parts read, all in /run/torchlab:
+# Every variable is in start/variables.tsv (its default, check, secret, sessions), README.md's table made
+# from it. Files other parts read, all in /run/torchlab:
 #   services             exists while the services are meant to run (the healthcheck's cue);
 #                        under JupyterHub it holds the URL of Jupyter's /api (the hub's prefix)
 #   session-env.sh       the container's environment for SSH sessions (/etc/profile.d/torchlab.sh
@@ -23,9 +24,11 @@
 set -euo pipefail
 start_dir=/usr/local/lib/torchlab/start
 
-# Helpers, functions alone: log and die, the trust boundary, the hook runner, the services' supervisor.
+# Helpers: log and die, the table of variables, the trust boundary, the hook runner, the supervisor.
 # shellcheck source=start/log.sh
 source "$start_dir/log.sh"
+# shellcheck source=start/variables.sh
+source "$start_dir/variables.sh"
 # shellcheck source=start/boundary.sh
 source "$start_dir/boundary.sh"
 # shellcheck source=start/hooks.sh

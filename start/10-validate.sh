@@ -51,37 +51,6 @@ read_file_var JUPYTER_TOKEN
 read_file_var JUPYTER_PASSWORD
 read_file_var SSH_PUBLIC_KEY
 read_file_var PUBLIC_KEY
-# PUBLIC_KEY is the name GPU clouds (RunPod, Vast.ai) use.
-key_var=SSH_PUBLIC_KEY
-if [ -n "${PUBLIC_KEY:-}" ]; then
-    [ -z "${SSH_PUBLIC_KEY:-}" ] || die "SSH_PUBLIC_KEY and PUBLIC_KEY are both set; set one"
-    SSH_PUBLIC_KEY=$PUBLIC_KEY key_var=PUBLIC_KEY
-fi
-
-NB_USER=${NB_USER:-jovyan}
-SSH_PORT=${SSH_PORT:-2222}
-JUPYTER_PORT=${JUPYTER_PORT:-8888}
-JUPYTER_TOKEN=${JUPYTER_TOKEN:-}
-JUPYTER_PASSWORD=${JUPYTER_PASSWORD:-}
-SSH_PUBLIC_KEY=${SSH_PUBLIC_KEY:-}
-GRANT_SUDO=${GRANT_SUDO:-no}
-CHOWN_HOME=${CHOWN_HOME:-no}
-CHOWN_HOME_OPTS=${CHOWN_HOME_OPTS:-}
-CHOWN_EXTRA=${CHOWN_EXTRA:-}
-CHOWN_EXTRA_OPTS=${CHOWN_EXTRA_OPTS:-}
-NB_UMASK=${NB_UMASK:-}
-JUPYTER_ENV_VARS_TO_UNSET=${JUPYTER_ENV_VARS_TO_UNSET:-}
-DOCTOR_AT_START=${DOCTOR_AT_START:-yes}
-# DOCKER_STACKS_JUPYTER_CMD is docker-stacks' name for the same choice (its lab and notebook).
-ui_var=JUPYTER_UI
-[ -n "${JUPYTER_UI:-}" ] || [ -z "${DOCKER_STACKS_JUPYTER_CMD:-}" ] || ui_var=DOCKER_STACKS_JUPYTER_CMD
-JUPYTER_UI=${JUPYTER_UI:-${DOCKER_STACKS_JUPYTER_CMD:-notebook}}
-SHM_WARN_MB=1024
-
-for var in NB_USER NB_GROUP; do
-    [ -z "${!var+set}" ] || [[ ${!var} =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] ||
-        die "$var='${!var}': expected a Linux $([ "$var" = NB_USER ] && echo user || echo group) name (lower-case letters, digits, _ or -, at most 32)"
-done
 # /run/torchlab is root's on a root start (the healthcheck and root's shells read it); a start as a
 # user needs it writable (the image's is; with --read-only, a tmpfs).
 if [ "$as_root" = yes ]; then
@@ -110,27 +79,28 @@ ensure_passwd_entry() {
     user_env+=("LD_PRELOAD=$LD_PRELOAD" "NSS_WRAPPER_PASSWD=$nss/passwd" "NSS_WRAPPER_GROUP=$nss/group")
     log "UID $uid had no passwd entry: it is now $NB_USER, home $home"
 }
+# The entry comes first (ssh-keygen, which checks the keys, needs one), with the name it is given.
+NB_USER=${NB_USER:-jovyan}
+check_variable NB_USER name
 [ "$as_root" = yes ] || ensure_passwd_entry
+# Each variable's default and check (variables.tsv).
+check_variables
+# PUBLIC_KEY is the name GPU clouds (RunPod, Vast.ai) use.
+if [ -n "${PUBLIC_KEY:-}" ]; then
+    [ -z "$SSH_PUBLIC_KEY" ] || die "SSH_PUBLIC_KEY and PUBLIC_KEY are both set; set one"
+    SSH_PUBLIC_KEY=$PUBLIC_KEY
+fi
+# DOCKER_STACKS_JUPYTER_CMD is docker-stacks' name for JUPYTER_UI (its lab and notebook).
+JUPYTER_UI=${JUPYTER_UI:-${DOCKER_STACKS_JUPYTER_CMD:-notebook}}
+ui_path=$([ "$JUPYTER_UI" = lab ] && echo /lab || echo /tree)
+SHM_WARN_MB=1024
+IFS=, read -ra chown_extra_paths <<<"$CHOWN_EXTRA"
+IFS=, read -ra vars_to_unset <<<"$JUPYTER_ENV_VARS_TO_UNSET"
 existing_uid=$(id -u "$NB_USER" 2>/dev/null || true)
 [ -z "$existing_uid" ] || ((existing_uid >= 1000)) ||
     die "NB_USER='$NB_USER' is a system account of the image: expected another name, such as jovyan"
-for var in NB_UID NB_GID; do
-    value=${!var:-}
-    if [ -n "$value" ] && { ! [[ $value =~ ^[0-9]{1,10}$ ]] || ((10#$value > 4294967294)); }; then
-        die "$var='$value': expected a numeric ID such as 1000"
-    fi
-    [ -z "$value" ] || printf -v "$var" '%d' "$((10#$value))"
-done
 [ "${NB_UID:-1}" != 0 ] || die "NB_UID=0: Jupyter and logins never run as root; expected a non-root UID such as 1000"
-for var in SSH_PORT JUPYTER_PORT; do
-    value=${!var}
-    if ! [[ $value =~ ^[0-9]{1,5}$ ]] || ((10#$value < 1 || 10#$value > 65535)); then
-        die "$var='$value': expected a TCP port number from 1 to 65535"
-    fi
-done
-((10#$SSH_PORT != 10#$JUPYTER_PORT)) ||
-    die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
-SSH_PORT=$((10#$SSH_PORT)) JUPYTER_PORT=$((10#$JUPYTER_PORT))
+((SSH_PORT != JUPYTER_PORT)) || die "SSH_PORT and JUPYTER_PORT are both $SSH_PORT: expected two different ports"
 # docker-stacks' NOTEBOOK_ARGS: options for the server, split into words as a shell would (shlex, as
 # their start-notebook.py does; Python as root runs with -I), after the command's own.
 if [ -n "${NOTEBOOK_ARGS:-}" ]; then
@@ -152,12 +122,6 @@ done
 base_url=/${base_url#/} && base_url=${base_url%/}/
 # Jupyter never runs without auth by accident: an option that empties the token (with no password) is
 # refused; JUPYTER_NO_AUTH=yes alone turns auth off, on purpose, with a warning at every start.
-JUPYTER_NO_AUTH=${JUPYTER_NO_AUTH:-no}
-case "$JUPYTER_NO_AUTH" in
-    yes | 1 | true) JUPYTER_NO_AUTH=yes ;;
-    no | 0 | false | "") JUPYTER_NO_AUTH=no ;;
-    *) die "JUPYTER_NO_AUTH='$JUPYTER_NO_AUTH': expected yes or no" ;;
-esac
 for i in "${!jupyter_args[@]}"; do
     case "${jupyter_args[i]}" in
         --*.token= | --*.token=\'\' | --*.token=\"\") empty_token=yes ;;
@@ -172,61 +136,8 @@ fi
 # What the healthcheck asks: Jupyter's /api under the base_url, at the hub's port under a hub.
 health_url=http://127.0.0.1:$JUPYTER_PORT${base_url}api
 [ "$hub" = no ] || health_url=$hub_scheme://127.0.0.1:$hub_port${base_url}api
-# docker-stacks' GEN_CERT (a self-signed certificate, HTTPS) is not served here: no silent plain HTTP.
-[ -z "${GEN_CERT:-}" ] ||
-    die "GEN_CERT='$GEN_CERT': torchlab serves Jupyter over plain HTTP, behind its token, and makes no certificate; expected TLS from a reverse proxy in front of the container (or SSH port forwarding), and GEN_CERT unset"
-[[ -z $NB_UMASK || $NB_UMASK =~ ^0?[0-7]{3}$ ]] ||
-    die "NB_UMASK='$NB_UMASK': expected an octal umask such as 002 (group-writable files) or 022"
-RESTARTABLE=${RESTARTABLE:-yes}
-for var in GRANT_SUDO CHOWN_HOME DOCTOR_AT_START RESTARTABLE; do
-    case "${!var}" in
-        yes | 1 | true) printf -v "$var" yes ;;
-        no | 0 | false | "") printf -v "$var" no ;;
-        *) die "$var='${!var}': expected yes or no" ;;
-    esac
-done
-for var in CHOWN_HOME_OPTS CHOWN_EXTRA_OPTS; do
-    read -ra words <<<"${!var}"
-    for word in "${words[@]}"; do
-        case $word in
-            -R | --recursive | -h | --no-dereference | -c | --changes | -f | --silent | --quiet | -v | --verbose) ;;
-            *) die "$var='${!var}': expected chown options from -R, -h, -c, -f and -v" ;;
-        esac
-    done
-done
-case "$JUPYTER_UI" in
-    notebook) ui_path=/tree ;;
-    lab) ui_path=/lab ;;
-    *) die "$ui_var='$JUPYTER_UI': expected notebook or lab" ;;
-esac
-IFS=, read -ra chown_extra_paths <<<"$CHOWN_EXTRA"
-for path in "${chown_extra_paths[@]}"; do
-    [[ $path == /* ]] || die "CHOWN_EXTRA='$CHOWN_EXTRA': expected absolute paths separated by commas, such as /opt/data,/srv/cache"
-done
-IFS=, read -ra vars_to_unset <<<"$JUPYTER_ENV_VARS_TO_UNSET"
-for name in "${vars_to_unset[@]}"; do
-    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] ||
-        die "JUPYTER_ENV_VARS_TO_UNSET='$JUPYTER_ENV_VARS_TO_UNSET': expected variable names separated by commas, such as HF_TOKEN,WANDB_API_KEY"
-    ! protected_variable "$name" ||
-        die "JUPYTER_ENV_VARS_TO_UNSET names $name, which the start itself needs: expected other variables, not PATH, LD_*, PYTHON* or the image's own (such as NB_USER)"
-done
 [ -z "$JUPYTER_TOKEN" ] || [ -z "$JUPYTER_PASSWORD" ] ||
     die "JUPYTER_TOKEN and JUPYTER_PASSWORD are both set: expected one of them (or neither, for a random token)"
-[[ $JUPYTER_TOKEN =~ ^[[:graph:]]*$ ]] ||
-    die "JUPYTER_TOKEN: expected printable characters without spaces"
-if [ -n "$SSH_PUBLIC_KEY" ]; then
-    # One key per line; ssh-keygen is the judge of what a valid public key is.
-    keyfile=$(mktemp)
-    line_no=0
-    while IFS= read -r line; do
-        line_no=$((line_no + 1))
-        [[ -z ${line//[[:space:]]/} || $line == \#* ]] && continue
-        printf '%s\n' "$line" >"$keyfile"
-        ssh-keygen -l -f "$keyfile" >/dev/null 2>&1 ||
-            die "$key_var line $line_no is not an OpenSSH public key: expected one key per line like 'ssh-ed25519 AAAAC3... you@laptop' (the .pub file, not the private key)"
-    done <<<"$SSH_PUBLIC_KEY"
-    rm -f "$keyfile"
-fi
 unset PUBLIC_KEY
 
 # From here the healthcheck expects the services (until they answer, unhealthy): the URL it asks, and

@@ -46,8 +46,8 @@ unset SSH_PUBLIC_KEY
 # was started with, as RunPod and Vast.ai do, and the user's folders), less the secrets the entrypoint
 # consumes, JUPYTER_ENV_VARS_TO_UNSET's names, and what belongs to each process. Login shells read it
 # through /etc/profile.d, `ssh host CMD` through /etc/bash.bashrc; root's shells never do.
-not_for_sessions=" ${SECRET_VARIABLES[*]} JUPYTER_TOKEN_FILE JUPYTER_PASSWORD_FILE SSH_PUBLIC_KEY_FILE PUBLIC_KEY_FILE"
-not_for_sessions+=" ${vars_to_unset[*]} PYTHONNOUSERSITE HOSTNAME HOME PWD OLDPWD SHLVL _ USER LOGNAME SHELL TERM MAIL "
+not_for_sessions=" $(table_names 5 no | tr '\n' ' ')${vars_to_unset[*]}"
+not_for_sessions+=" PYTHONNOUSERSITE HOSTNAME HOME PWD OLDPWD SHLVL _ USER LOGNAME SHELL TERM MAIL "
 write_session_env() {
     local entry name
     # This process's own environment as Docker gave it (with the secrets already out: hand_off), then

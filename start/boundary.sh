@@ -17,15 +17,11 @@
 
 ROOT_PATH=/opt/env/bin:/opt/conda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 USER_BASE=/workspace/.local
-# Consumed by the entrypoint and passed on only where needed (Jupyter's auth, the hub's token).
-SECRET_VARIABLES=(JUPYTER_TOKEN JUPYTER_PASSWORD SSH_PUBLIC_KEY PUBLIC_KEY JUPYTERHUB_API_TOKEN JPY_API_TOKEN)
+# The secrets (variables.tsv), consumed by the entrypoint and passed on only where needed (Jupyter's auth,
+# the hub's token).
+readarray -t SECRET_VARIABLES < <(table_names 4 yes)
 # The entrypoint's own variables, which JUPYTER_ENV_VARS_TO_UNSET may not name (with PATH, LD_*, PYTHON*).
-OWN_VARIABLES=" NB_USER NB_UID NB_GID NB_GROUP NB_UMASK GRANT_SUDO CHOWN_HOME CHOWN_HOME_OPTS CHOWN_EXTRA
- CHOWN_EXTRA_OPTS SSH_PORT JUPYTER_PORT JUPYTER_UI DOCKER_STACKS_JUPYTER_CMD JUPYTER_TOKEN JUPYTER_TOKEN_FILE
- JUPYTER_PASSWORD JUPYTER_PASSWORD_FILE SSH_PUBLIC_KEY SSH_PUBLIC_KEY_FILE PUBLIC_KEY PUBLIC_KEY_FILE
- JUPYTERHUB_API_TOKEN JUPYTERHUB_SERVICE_URL JPY_API_TOKEN JUPYTER_ENV_VARS_TO_UNSET DOCTOR_AT_START
- JUPYTER_DOCKER_STACKS_QUIET GEN_CERT TORCHLAB_RUNS TENSORBOARD_LOGDIR TORCHLAB_SECRETS_FD HOME USER SHELL
- NOTEBOOK_ARGS JUPYTER_NO_AUTH RESTARTABLE "
+OWN_VARIABLES=" $(table_names | tr '\n' ' ')TORCHLAB_SECRETS_FD HOME USER SHELL "
 
 protected_variable() {  # NAME: true for a name JUPYTER_ENV_VARS_TO_UNSET may not remove
     [[ $1 == PATH || $1 == LD_* || $1 == PYTHON* || $1 == NSS_WRAPPER_* || $OWN_VARIABLES == *[[:space:]]"$1"[[:space:]]* ]]

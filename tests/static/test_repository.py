@@ -135,3 +135,23 @@ def test_licence_label_agrees_with_the_licence_file():
     assert "LicenseRef-NVIDIA-CUDA-EULA" in label.split(" AND ")[1:]
     readme = (ROOT / "README.md").read_text()
     assert "## Licences" in readme and "BSD-3-Clause" in readme
+
+
+def test_the_readme_variable_table_is_made_from_the_start_variables_table():
+    command = [sys.executable, str(ROOT / "tools" / "readme-variables"), "--check"]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout
+
+
+# Upper-case names the start-up reads that the image or the start itself sets, not the operator.
+START_INTERNALS = {"PATH", "PWD", "LD_PRELOAD", "PYTHONUSERBASE", "CONDA_ENVS_PATH", "JUPYTER_PATH", "ROOT_PATH"}
+START_INTERNALS |= {"USER_BASE", "SECRET_VARIABLES", "OWN_VARIABLES", "SHM_WARN_MB", "HOME_DIR", "JUPYTER_RESTARTS"}
+START_INTERNALS |= {"NB_UID_GIVEN", "NB_GID_GIVEN", "BASH_REMATCH", "SECONDS", "TORCHLAB_SECRETS_FD"}
+
+
+def test_every_variable_the_start_reads_is_in_the_table():
+    lines = (ROOT / "start" / "variables.tsv").read_text().splitlines()
+    table = {line.split("\t")[0] for line in lines if line and not line.startswith("#")}
+    start = "\n".join(path.read_text() for path in [ROOT / "entrypoint.sh", *(ROOT / "start").glob("*.sh")])
+    read = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", start)) - START_INTERNALS
+    assert read <= table, sorted(read - table)
