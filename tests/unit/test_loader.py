@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from torchlab.data import decode, folder, splits
 from torchlab.pipeline import loader, sampler
@@ -324,3 +325,36 @@ def wait_for(condition, timeout=30):
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+class PhotoDataset(torch.utils.data.Dataset):
+    """A user's own Dataset of the usual kind: paths in __init__, Image.open in __getitem__."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, number):
+        with Image.open(self.paths[number]) as image:
+            return image.convert("RGB").resize((40, 32)), number % 3
+
+
+def test_create_loader_gives_a_users_dataset_the_planned_loader(sample_set):
+    from torchlab import pipeline
+
+    _, train_index, _ = splits.load_splits(str(sample_set), val_fraction=0.1, seed=0)
+    dataset = PhotoDataset([train_index.path(position) for position in range(20)])
+    lines = []
+    in_threads = pipeline.create_loader(dataset, batch_size=8, backend="threads", workers=2, print_plan=lines.append)
+    in_processes = pipeline.create_loader(dataset, batch_size=8, backend="processes", workers=2, print_plan=None)
+    assert lines == [f"torchlab loader: {in_threads.plan.describe()}"] and in_threads.plan.backend == "threads"
+    for loaded in (in_threads, in_processes):
+        loaded.sampler.set_epoch(3)
+    threaded = [(images.clone(), labels.clone()) for images, labels, _ in in_threads]
+    processed = [(images, labels) for images, labels, _ in in_processes]
+    assert len(threaded) == len(processed) == 2  # 20 in batches of 8, the last partial one dropped
+    for (images, labels), (expected_images, expected_labels) in zip(threaded, processed, strict=True):
+        assert images.shape == (8, 32, 40, 3) and torch.equal(images, expected_images)
+        assert torch.equal(labels, expected_labels)
