@@ -132,6 +132,7 @@ def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
     threads = report["pipelines"]["torchlab-threads"]
     assert threads["ready_images_per_sec"] > 0 and threads["loader"] == "threads"
     assert "collate" not in report["stages"]["torchlab-threads"]["ms_per_image"]  # written in place
+    assert all(memory["rss_mb"] > 0 for memory in report["loader_memory"].values())
     assert all(rate > 0 for rate in report["ceilings"].values()), report["ceilings"]
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
     assert "torchlab / decode-only ceiling" in capsys.readouterr().out

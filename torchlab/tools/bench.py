@@ -332,6 +332,43 @@ def memory_measurements(prepared_root):
     }
 
 
+def process_tree_memory():
+    """(RSS, PSS) bytes of this process and its child processes (a DataLoader's workers), from /proc."""
+    pids = [os.getpid()]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as children:
+                pids += [int(pid) for pid in children.read().split()]
+        except OSError:
+            continue
+    rss = pss = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as smaps:
+                fields = dict(line.split(":", 1) for line in smaps if ":" in line and not line[0].isdigit())
+        except OSError:
+            continue
+        rss += int(fields["Rss"].split()[0]) * 1024
+        pss += int(fields["Pss"].split()[0]) * 1024
+    return rss, pss
+
+
+def loader_memory(pipeline):
+    """Resident memory (RSS and PSS, MB) of this process and its workers with `pipeline`'s loader running: its
+    threads or worker processes started and its batches in flight, after a few batches."""
+    batches = iter(pipeline.loader)
+    for _ in zip(range(3), batches, strict=False):
+        pass
+    rss, pss = process_tree_memory()
+    del batches
+    return {
+        "loader": pipeline.backend,
+        "workers": pipeline.workers,
+        "rss_mb": rss / loader.MB,
+        "pss_mb": pss / loader.MB,
+    }
+
+
 def warm_page_cache(paths):
     for path in paths:
         with open(path, "rb") as data_file:
@@ -388,6 +425,11 @@ def report_lines(report):
     lines += [""] + [f"ceiling {name:<24} {rate:>9.1f} images/s" for name, rate in ceilings.items()]
     lines += [
         f"torchlab / decode-only ceiling: {pipelines['torchlab']['images_per_sec'] / ceilings['decode_only']:.1%}",
+        *(
+            f"{THREADS} / decode-only ceiling: {pipelines[THREADS]['images_per_sec'] / ceilings['decode_only']:.1%}"
+            for _ in [None]
+            if THREADS in pipelines
+        ),
         f"simulated consumer: {report['consumer']['seconds_per_batch'] * 1000:.1f} ms per batch "
         f"({report['consumer']['images_per_sec']:.1f} images/s)",
         "",
@@ -398,6 +440,11 @@ def report_lines(report):
     for name, timing in report["stages"].items():
         stages = ", ".join(f"{stage} {ms:.2f}" for stage, ms in timing["ms_per_image"].items())
         lines.append(f"  {name:<{NAME_WIDTH}} {stages}  -> {timing['limit']}")
+    lines += [
+        f"resident memory with the loader running, {name} ({memory['workers']} {memory['loader']}): RSS "
+        f"{memory['rss_mb']:.0f} MB, PSS {memory['pss_mb']:.0f} MB (this process and its workers)"
+        for name, memory in report.get("loader_memory", {}).items()
+    ]
     memory = report["worker_memory"]
     lines.append(
         f"worker memory per epoch, {memory['samples']:,}-sample index: SampleIndex "
@@ -566,6 +613,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "consumer": {"seconds_per_batch": consumer_seconds, "images_per_sec": batch_size / consumer_seconds},
         "stages": stages,
         "worker_memory": memory_measurements(prepared_root),
+        "loader_memory": {name: loader_memory(pipelines[name]) for name in ("torchlab", THREADS)},
     }
     json_path, png_path = io.write_json_report(out_dir, "bench.json", report), os.path.join(out_dir, "bench.png")
     plot(report, png_path)
