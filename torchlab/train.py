@@ -379,7 +379,7 @@ def main(argv=None, prog=config.PROG):
             from torchlab.tools import autotune  # a tool: the training path imports nothing of torchlab.tools
 
             key = settings.setting_key(cfg.data, cfg.image_size, cfg.batch_size, cfg.device, processes.local_world_size)
-            autotune.tune(train_index, cfg, device, key)
+            autotune.tune(train_index, cfg, device, key, started=autotune.process_age_seconds())
             return
         cfg, loader_plan = config.resolve_loader(cfg, train_index, processes.local_world_size)
         train_loader, val_loader = make_loaders(cfg, train_index, val_index, device, processes)

@@ -68,6 +68,7 @@ def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     flags = resolved([*argv, "--autotune", "--autotune-seconds", "1"])
     batch = loader.batch_bytes(8, 32)
     monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)  # candidates: 1, 2 and 3 workers
+    monkeypatch.setattr(autotune, "MIN_SECONDS_EACH", 0.01)  # every setting tried within the 1 s
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # what torch's DataLoader counts
     monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (64 * MB, (2 * 4 + 2) * batch))
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)

@@ -19,6 +19,7 @@ from torchlab.pipeline import loader, settings
 DEFAULT_FILE = settings.DEFAULT_FILE
 PREFETCH_FACTORS = (2, 4, 8)
 JPEG_DRAFT_CHOICES = (True, False)
+MIN_SECONDS_EACH = 1.0  # a shorter measurement times little more than the loader's start: fewer settings then
 BUDGET_RESERVE = 0.05  # of --autotune-seconds kept for the table, saving, and the last setting's shut-down
 setting_key, saved_setting, save_setting = settings.setting_key, settings.saved_setting, settings.save_setting
 
@@ -98,14 +99,24 @@ def fitting_settings(datasets, batch_size):
     return fitting, skipped
 
 
+def likelihood_rank(setting, cpus):
+    """Where `setting` comes in the order of trying: train.py's defaults first (as many workers as CPUs,
+    default batches ahead, JPEG draft on), then other worker counts, then other prefetch factors, then draft off."""
+    decoder, backend, workers, prefetch_factor, jpeg_draft = setting
+    default_prefetch = loader.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else loader.DEFAULT_PREFETCH_FACTOR
+    return (not jpeg_draft, prefetch_factor != min(PREFETCH_FACTORS, key=lambda p: abs(p - default_prefetch)),
+            workers != cpus, backend != "threads", decoder)  # fmt: skip
+
+
 def setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft):
     return f"{decoder:>7} {backend:>9} {workers:>8} {prefetch_factor:>8} {'on' if jpeg_draft else 'off':>6}"
 
 
-def tune(index, flags, device, key, print_line=print):
+def tune(index, flags, device, key, print_line=print, started=0.0):
     """Try every candidate setting (decoder, workers, prefetch factor, JPEG draft) on the training samples of
     `index` for flags.autotune_seconds in all, print a table, save and return the best.
 
+    `started`: seconds of the budget spent before the call (train.py: the process's age, process_age_seconds).
     `flags` is train.py's TrainConfig (its decode before config.resolve_decoder); settings whose batches would
     not fit in /dev/shm's free space are skipped.
     """
@@ -114,9 +125,19 @@ def tune(index, flags, device, key, print_line=print):
         for decoder in decoders_to_try(flags.decode, device, index)
     }
     fitting, skipped = fitting_settings(datasets, flags.batch_size)
-    # The budget is the whole run's, from the process's start: what is left is shared by the settings.
-    left = flags.autotune_seconds * (1 - BUDGET_RESERVE) - process_age_seconds()
-    seconds_each = max(left, 0.0) / len(fitting)
+    # The budget is the whole run's, from the process's start: what is left is shared by the settings, each
+    # given at least MIN_SECONDS_EACH; where that leaves too little for all, the likeliest are tried first.
+    left = max(flags.autotune_seconds * (1 - BUDGET_RESERVE) - started, 0.0)
+    if left < MIN_SECONDS_EACH:
+        print_line(f"autotune: --autotune-seconds {flags.autotune_seconds:g} leaves {left:.1f} s after the start "
+                   f"({started:.1f} s: torch's import, indexing --data), too little to time one setting "
+                   f"({MIN_SECONDS_EACH:g} s); nothing saved: give it more")  # fmt: skip
+        return None
+    cpus = loader.usable_cpu_count()
+    fitting.sort(key=lambda setting: likelihood_rank(setting, cpus))
+    untried = fitting[max(1, int(left // MIN_SECONDS_EACH)) :]
+    fitting = fitting[: max(1, int(left // MIN_SECONDS_EACH))]
+    seconds_each = left / len(fitting)
     print_line(f"autotune: {len(fitting)} settings x {seconds_each:.1f} s on {device}; {key}")
     print_line(f"{'decode':>7} {'loader':>9} {'workers':>8} {'prefetch':>8} {'draft':>6} {'images/s':>9}")
     results = []
@@ -132,6 +153,9 @@ def tune(index, flags, device, key, print_line=print):
         print_line(f"{setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft)} {rate:>9.1f}")
     for setting in skipped:
         print_line(f"{setting_row(*setting)}  skipped: /dev/shm too small")
+    if untried:
+        print_line(f"autotune: {len(untried)} more settings not tried within --autotune-seconds "
+                   f"{flags.autotune_seconds:g} (at least {MIN_SECONDS_EACH:g} s each)")  # fmt: skip
     rate, decoder, backend, workers, prefetch_factor, jpeg_draft = max(results)
     best = {"decode": decoder, "loader": backend, "workers": workers, "prefetch_factor": prefetch_factor,
             "jpeg_draft": jpeg_draft, "images_per_sec": rate}  # fmt: skip
