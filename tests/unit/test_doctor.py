@@ -361,6 +361,6 @@ def test_autotuned_workers_are_shown_as_such_not_flagged():
     --workers 2 (or auto)" though auto gave 3."""
     usable = loader.usable_cpu_count()
     check = doctor.check_cpus(workers=usable + 1, tuned="autotuned (saved 2025-01-02, for these flags)")
-    assert check.status == doctor.OK and check.fix is None
+    assert check.status == doctor.OK and not check.fix
     assert f"autotuned: {usable + 1} loader workers (saved 2025-01-02, for these flags)" in check.detail
     assert "more than CPUs, and faster so" in check.detail
