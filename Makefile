@@ -122,7 +122,7 @@ multinode: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## one torchrun job over tw
 compose-down: ## stop the compose service (volumes kept)
 	$(COMPOSE) -f docker-compose.yml down
 
-bench: image ## compare input pipelines (naive, classic, torchlab, prepared) with ceilings; .cache/bench/results/bench.{json,png}
+bench: image ## compare input pipelines (naive, classic, torchlab: processes and threads, prepared) with ceilings; .cache/bench/results/bench.{json,png}
 	mkdir -p .cache/bench
 	$(DOCKER_CLI) run --rm --user $$(id -u):$$(id -g) --shm-size=2g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
 		-v $(CURDIR)/.cache/bench:/cache --entrypoint torchlab $(IMAGE) \

@@ -15,14 +15,14 @@ import shutil
 
 import torch
 
-from torchlab import checkpoint, io, loader, model
+from torchlab import checkpoint, io, model
 from torchlab.data import device_decode
-from torchlab.tools import autotune
+from torchlab.pipeline import loader, plan, settings
 
 PROG = "train.py"
 # Runs outlive the container on the /workspace volume, where Jupyter shows them (the image sets it).
 DEFAULT_RUN_DIR = os.path.join(os.environ.get("TORCHLAB_RUNS", "runs"), "default")
-AUTOTUNE_FILE = autotune.DEFAULT_FILE
+AUTOTUNE_FILE = settings.DEFAULT_FILE
 
 
 class ConfigError(ValueError):
@@ -102,29 +102,41 @@ class TrainConfig:
     max_bad_images: int = flag(100, "data", "stop when more images than this in one epoch cannot be decoded; "
                                "they are skipped (default: 100)", non_negative_int)  # fmt: skip
     # data loading
-    workers: object = flag("auto", "data loading", "loader processes per training process; auto: what "
+    workers: object = flag("auto", "data loading", "decode threads (--loader threads) or worker processes (--loader "
+                           "processes) per training process; 0: decoded in the training loop; auto: what "
                            "--autotune saved for this --data, --image-size, --batch-size and device, else min(8, "
                            "usable CPUs / processes on this machine), counting CPU affinity and the cgroup CPU "
                            "quota; N: at most 4 per usable CPU (default: auto)", worker_count)  # fmt: skip
-    prefetch_factor: int = flag(None, "data loading", f"batches each worker loads ahead (default: "
-                                f"{loader.DEFAULT_PREFETCH_FACTOR}, or what --autotune saved, with --workers auto)",
-                                positive_int)  # fmt: skip
+    prefetch_factor: int = flag(None, "data loading", "batches loaded ahead: by all the decode threads together "
+                                f"(default: {loader.DEFAULT_THREAD_BATCHES_AHEAD}), or by each worker process "
+                                f"(default: {loader.DEFAULT_PREFETCH_FACTOR}); or what --autotune saved, with "
+                                "--workers auto", positive_int)  # fmt: skip
+    loader: str = flag("auto", "data loading", "threads: decode threads in the training process write each sample "
+                       "into a reused batch buffer (nothing through /dev/shm); processes: DataLoader worker "
+                       "processes, whose batches pass through /dev/shm; auto: threads where /dev/shm is too small "
+                       f"for the workers' batches, else what --autotune saved, else {plan.DEFAULT_BACKEND} (faster "
+                       "in make bench on a 2-CPU machine: docs/training.md) (default: auto)",
+                       choices=("auto", *loader.BACKENDS))  # fmt: skip
     jpeg_draft: bool = flag(None, "data loading", "decode JPEGs at 1/2, 1/4 or 1/8 scale when the crop allows "
                             "(default: on, or what --autotune saved, with --workers auto)", switch=True)  # fmt: skip
-    decode: str = flag("auto", "data loading", "where images are decoded: cpu, in the loader workers; gpu, on the "
-                       "CUDA device with nvJPEG (the workers only read the files; the GPU decodes, crops, resizes and "
-                       "normalises each batch; files it cannot decode fall back to the CPU); auto: what --autotune "
-                       "saved, else gpu on CUDA when most images are JPEGs (default: auto)",
+    decode: str = flag("auto", "data loading", "where images are decoded: cpu, in the loader threads or workers; gpu, "
+                       "on the CUDA device with nvJPEG (the threads or workers only read the files; the GPU decodes, "
+                       "crops, resizes and normalises each batch; files it cannot decode fall back to the CPU); "
+                       "auto: what --autotune saved, else gpu on CUDA when most images are JPEGs (default: auto)",
                        choices=device_decode.DECODERS)  # fmt: skip
     persistent_workers: bool = flag(True, "data loading", "keep the workers alive between epochs (default: on)",
                                     switch=True)  # fmt: skip
     pin_memory: bool = flag(None, "data loading", "page-locked batches for asynchronous copies to the GPU "
                             "(default: on with CUDA)", switch=True)  # fmt: skip
-    autotune: bool = flag(False, "data loading", "time decoder (cpu; gpu too on CUDA with JPEGs) x workers x "
-                          "prefetch factor x JPEG draft on this --data and device for --autotune-seconds, print "
+    autotune: bool = flag(False, "data loading", "time decoder (cpu; gpu too on CUDA with JPEGs) x loader (threads, "
+                          "processes) x workers x prefetch factor x JPEG draft on this --data and device within "
+                          "--autotune-seconds, print "
                           "the table, save the fastest to --autotune-file for later runs with --workers auto, and "
                           "exit (default: off)")  # fmt: skip
-    autotune_seconds: float = flag(60.0, "data loading", "time --autotune spends measuring, in all (default: 60)",
+    autotune_seconds: float = flag(60.0, "data loading", "wall-clock budget of the whole --autotune run, from the "
+                                   "process's start (torch's import, indexing, every setting's start-up and "
+                                   "measurement) to the saved result, interpreter exit not included; a budget its "
+                                   "start-up leaves under 1 s of saves nothing (default: 60)",
                                    positive_float)  # fmt: skip
     autotune_file: str = flag(AUTOTUNE_FILE, "data loading", "where --autotune saves, and --workers auto reads, "
                               f"the tuned settings (default: {AUTOTUNE_FILE})")  # fmt: skip
@@ -168,13 +180,15 @@ class TrainConfig:
     # filled in by resolve()
     resume_path: str = derived()
     autotuned: bool = derived(False)
+    asked_loader: dict = derived()  # the loader flags as given, before resolve(): plan.AskedLoader's fields
+    loader_plan: dict = derived()  # the plan the loader used (resolve_loader): LoaderPlan.record()
 
     def loader_settings(self, processes_on_machine=1):
         """What build_loader takes from this configuration."""
         return loader.LoaderSettings(
             batch_size=self.batch_size, workers=self.workers, prefetch_factor=self.prefetch_factor,
-            persistent_workers=self.persistent_workers, pin_memory=self.pin_memory, seed=self.seed,
-            processes_on_machine=processes_on_machine,
+            backend=self.loader, persistent_workers=self.persistent_workers, pin_memory=self.pin_memory,
+            seed=self.seed, processes_on_machine=processes_on_machine,
         )  # fmt: skip
 
 
@@ -339,15 +353,16 @@ def resolve(flags, processes):
         )
     device = resolve_device(flags.device, processes)
     on_cuda = device.startswith("cuda")
-    key = autotune.setting_key(flags.data, flags.image_size, flags.batch_size, device, processes.local_world_size)
     if flags.decode == "gpu" and not on_cuda:
         reason = "--device cpu" if flags.device == "cpu" else "no CUDA device is visible: docker run --gpus all ...?"
         raise ConfigError(f"--decode gpu: needs a CUDA device, and this run is on the CPU ({reason}); "
                           "use --decode cpu or auto")  # fmt: skip
-    choice = autotune.resolve_loader(
-        flags.workers, flags.prefetch_factor, flags.jpeg_draft, flags.decode,
-        None if flags.autotune else flags.autotune_file, key, processes.local_world_size,
-    )  # fmt: skip
+    asked = asked_loader(flags)
+    tuned = tuned_setting(flags, device, processes.local_world_size)
+    # Before the data is known: the plan without /dev/shm's fit (resolve_loader makes the one used).
+    decode = tuned.get("decode", "cpu") if flags.decode == "auto" and tuned and flags.workers == "auto" else None
+    choice = plan.plan_loader(asked, tuned, loader.usable_cpu_count(), None, 0, processes.local_world_size, on_cuda,
+                              decode)  # fmt: skip
     amp = flags.amp if on_cuda else "off"
     if amp == "auto":
         amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
@@ -357,7 +372,7 @@ def resolve(flags, processes):
     return dataclasses.replace(
         flags, device=device, resume_path=resolve_resume(flags.resume, flags.run_dir), workers=choice.workers,
         prefetch_factor=choice.prefetch_factor, jpeg_draft=choice.jpeg_draft, decode=choice.decode,
-        autotuned=choice.autotuned,
+        loader=choice.backend, autotuned=choice.autotuned, asked_loader=dataclasses.asdict(asked),
         pin_memory=on_cuda if flags.pin_memory is None else flags.pin_memory, lr=lr, amp=amp,
     )  # fmt: skip
 
@@ -365,3 +380,37 @@ def resolve(flags, processes):
 def resolve_decoder(cfg, index):
     """The TrainConfig with --decode auto resolved, once the data index is known (after resolve())."""
     return dataclasses.replace(cfg, decode=device_decode.resolve_decoder(cfg.decode, cfg.device, index))
+
+
+def asked_loader(flags):
+    """The loader flags of `flags` (a TrainConfig before resolve()) as plan.AskedLoader."""
+    return plan.AskedLoader(flags.loader, flags.workers, flags.prefetch_factor, flags.jpeg_draft, flags.decode,
+                            flags.pin_memory)  # fmt: skip
+
+
+def tuned_setting(flags, device, processes_on_machine):
+    """What --autotune saved for these flags (read only for --workers auto, and not by --autotune), or None."""
+    if flags.workers != "auto" or flags.autotune:
+        return None
+    return plan.tuned_setting(
+        flags.autotune_file, flags.data, flags.image_size, flags.batch_size, device, processes_on_machine
+    )
+
+
+def resolve_loader(cfg, index, processes_on_machine=1):
+    """(the TrainConfig the loader uses, its plan.LoaderPlan), once the data index is known (after resolve()): the
+    decoder resolved, then the one loader plan, /dev/shm included, from the flags as asked; the config's loader
+    fields and loader_plan are what is used (config.json shows them). Raises loader.SharedMemoryError."""
+    cfg = resolve_decoder(cfg, index)
+    asked = plan.AskedLoader(**cfg.asked_loader) if cfg.asked_loader else asked_loader(cfg)
+    tuned = tuned_setting(dataclasses.replace(cfg, workers=asked.workers), cfg.device, processes_on_machine)
+    dataset = device_decode.make_dataset(cfg.decode, index, cfg.image_size, True, cfg.seed, True)
+    used = plan.resolve_plan(
+        asked, tuned, loader.dataset_batch_bytes(dataset, cfg.batch_size), processes_on_machine,
+        cfg.device.startswith("cuda"), cfg.decode,
+    )  # fmt: skip
+    cfg = dataclasses.replace(
+        cfg, loader=used.backend, workers=used.workers, prefetch_factor=used.prefetch_factor,
+        jpeg_draft=used.jpeg_draft, pin_memory=used.pin_memory, autotuned=used.autotuned, loader_plan=used.record(),
+    )  # fmt: skip
+    return cfg, used

@@ -19,14 +19,15 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from torchlab import config, distributed, io, loader, metrics, model, optim
+from torchlab import config, distributed, io, metrics, model, optim
 from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
-from torchlab.data import decode, device_decode, folder, sampler, splits
-from torchlab.tools import autotune
+from torchlab.data import decode, device_decode, folder, splits
+from torchlab.pipeline import loader, sampler, settings
 
 BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the log and in the error when there are too many
 BAD_IMAGES_FILE = "bad_images.txt"  # in the run directory: every unreadable file of the run, with the reason
 TRAINING_FAILURE_STATUS = 1
+LOADER_UNITS = {"threads": "decode threads", "processes": "workers"}
 
 
 class TooManyBadImages(RuntimeError):
@@ -295,14 +296,16 @@ def measure_loader(train_loader, cfg, device, processes, log, stop):
     timing = loader.timed_pass(train_loader, to_device, device, lambda t: should_stop(stop, t.batches, cfg, processes))
     images = int(distributed.sum_over_processes(torch.tensor([timing.images], device=device), processes).item())
     rate = images / timing.seconds
-    record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images, "workers": cfg.workers,
-              "decode": cfg.decode}  # fmt: skip
-    log.write({**record, "images_per_sec": rate})
-    log.print(f"loader-only: {rate:.1f} images/s over {images} images ({cfg.workers} workers, --decode {cfg.decode})")
+    record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images, "loader": cfg.loader,
+              "workers": cfg.workers, "decode": cfg.decode}  # fmt: skip
+    log.write({**record, "images_per_sec": rate, "wait_seconds": timing.wait_seconds})
+    what = "decoded in the loop" if cfg.workers == 0 else f"{cfg.workers} {LOADER_UNITS[cfg.loader]}"
+    log.print(f"loader-only: {rate:.1f} images/s over {images} images ({what}, --decode {cfg.decode})")
 
 
 def open_run_dir(cfg, processes, class_names):
-    """Rank 0 makes the run directory and writes config.json; returns the RunLog (silent on other ranks)."""
+    """Rank 0 makes the run directory and writes config.json (the loader fields and loader_plan: what the loader
+    used); metrics.jsonl's first record is this start's loader plan. Returns the RunLog (silent on other ranks)."""
     if not processes.is_main:
         return metrics.RunLog(None, interactive=False)
     os.makedirs(cfg.run_dir, exist_ok=True)
@@ -310,7 +313,9 @@ def open_run_dir(cfg, processes, class_names):
     resolved = {**dataclasses.asdict(cfg), "world_size": processes.world_size, "classes": class_names}
     with open(os.path.join(cfg.run_dir, "config.json"), "w") as config_file:
         json.dump(resolved, config_file, indent=2)
-    return metrics.RunLog(os.path.join(cfg.run_dir, "metrics.jsonl"), interactive=sys.stdout.isatty())
+    log = metrics.RunLog(os.path.join(cfg.run_dir, "metrics.jsonl"), interactive=sys.stdout.isatty())
+    log.write({"kind": "loader_plan", "epoch": 0, "step": 0, **cfg.loader_plan})
+    return log
 
 
 def checked_inputs(cfg, processes):
@@ -339,8 +344,8 @@ def make_dataset(cfg, index, train):
 
 
 def make_loaders(cfg, train_index, val_index, device, processes):
-    """The training and validation (None without validation images) loaders. Raises loader.SharedMemoryError
-    and ConfigError."""
+    """The training and validation (None without validation images) loaders, as cfg's loader plan says. Raises
+    loader.SharedMemoryError and ConfigError."""
     settings = cfg.loader_settings(processes.local_world_size)
 
     def make_loader(index, train):
@@ -371,10 +376,12 @@ def main(argv=None, prog=config.PROG):
         if cfg.autotune:
             if processes.world_size > 1:
                 raise config.ConfigError("--autotune: run it in one process, without torchrun")
-            key = autotune.setting_key(cfg.data, cfg.image_size, cfg.batch_size, cfg.device, processes.local_world_size)
-            autotune.tune(train_index, cfg, device, key)
+            from torchlab.tools import autotune  # a tool: the training path imports nothing of torchlab.tools
+
+            key = settings.setting_key(cfg.data, cfg.image_size, cfg.batch_size, cfg.device, processes.local_world_size)
+            autotune.tune(train_index, cfg, device, key, started=autotune.process_age_seconds())
             return
-        cfg = config.resolve_decoder(cfg, train_index)
+        cfg, loader_plan = config.resolve_loader(cfg, train_index, processes.local_world_size)
         train_loader, val_loader = make_loaders(cfg, train_index, val_index, device, processes)
     except (config.ConfigError, folder.DataError, model.WeightsError, loader.SharedMemoryError) as error:
         io.exit_with_error(prog, error)
@@ -388,8 +395,7 @@ def main(argv=None, prog=config.PROG):
     log = open_run_dir(cfg, processes, class_names)
     log.print(
         f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
-        f"{cfg.arch} on {device} x {processes.world_size}; {cfg.workers} loader workers"
-        f"{' (autotuned)' if cfg.autotuned else ''}, decoding on the {cfg.decode}; run dir {cfg.run_dir}"
+        f"{cfg.arch} on {device} x {processes.world_size}; loader: {loader_plan.describe()}; run dir {cfg.run_dir}"
     )
     try:
         if cfg.loader_only:

@@ -5,8 +5,9 @@ import os
 import pytest
 import torch
 
-from torchlab import config, distributed, loader
+from torchlab import config, distributed
 from torchlab.data import decode, splits
+from torchlab.pipeline import loader
 from torchlab.tools import autotune, doctor
 
 MB = 10**6
@@ -67,6 +68,7 @@ def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     flags = resolved([*argv, "--autotune", "--autotune-seconds", "1"])
     batch = loader.batch_bytes(8, 32)
     monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)  # candidates: 1, 2 and 3 workers
+    monkeypatch.setattr(autotune, "MIN_SECONDS_EACH", 0.01)  # every setting tried within the 1 s
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # what torch's DataLoader counts
     monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (64 * MB, (2 * 4 + 2) * batch))
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
@@ -77,9 +79,10 @@ def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     # 3 workers on 2 CPUs, timed on purpose: torch's warning about it would cut into the table.
     assert [str(warning.message) for warning in recwarn if "will create" in str(warning.message)] == []
     table = capsys.readouterr().out
-    assert "    cpu        3        8     on  skipped: /dev/shm too small" in table
+    assert "    cpu processes        3        8     on  skipped: /dev/shm too small" in table
+    assert "    cpu   threads        3        8     on " in table  # threads need no /dev/shm
     assert best["decode"] == "cpu" and "    gpu " not in table  # no CUDA: only the CPU decoder is tried
-    assert best["workers"] * best["prefetch_factor"] <= 2 * 4
+    assert best["loader"] == "threads" or best["workers"] * best["prefetch_factor"] <= 2 * 4
     saved = autotune.saved_setting(str(settings_file), key)
     assert {name: saved[name] for name in best} == best
     later = resolved(argv)
@@ -93,14 +96,19 @@ def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     explicit = resolved([*argv, "--workers", "1"])
     assert (explicit.workers, explicit.prefetch_factor, explicit.autotuned) == (
         1,
-        loader.DEFAULT_PREFETCH_FACTOR,
+        loader.DEFAULT_THREAD_BATCHES_AHEAD,
         False,
     )
     assert not resolved([*argv, "--batch-size", "16"]).autotuned
     # The doctor resolves --workers auto the same way, saved setting included.
     report = doctor.run_checks(str(sample_set), batch_size=8, image_size=32, autotune_file=str(settings_file))
-    shm = next(check for check in report if check.name == "shared memory")
-    assert (shm.facts["workers"], shm.facts["prefetch_factor"]) == (best["workers"], best["prefetch_factor"])
+    if best["loader"] == "processes":
+        shm = next(check for check in report if check.name == "shared memory")
+        assert (shm.facts["workers"], shm.facts["prefetch_factor"]) == (best["workers"], best["prefetch_factor"])
+    # The saved workers are shown as autotuned, not flagged, even where there are more than CPUs (issue 30).
+    cpus = next(check for check in report if check.name == "cpus")
+    assert cpus.status == doctor.OK and cpus.facts["autotuned"], cpus
+    assert f"autotuned: {best['workers']} " in cpus.detail and "for these flags" in cpus.detail
 
 
 @pytest.mark.parametrize("cpus", [1, 2, 6, 32])
@@ -111,11 +119,13 @@ def test_the_doctors_shared_memory_row_agrees_with_the_loader(sample_set, monkey
     batch = loader.batch_bytes(8, 32)
     monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: cpus)
     monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (10**12, free_batches * batch))
-    report = doctor.run_checks(str(sample_set), batch_size=8, image_size=32, autotune_file=os.devnull)
+    report = doctor.run_checks(
+        str(sample_set), batch_size=8, image_size=32, autotune_file=os.devnull, backend="processes"
+    )
     row = next(check for check in report if check.name == "shared memory")
 
     flags = resolved(["--data", str(sample_set), "--batch-size", "8", "--image-size", "32", "--device", "cpu",
-                      "--autotune-file", os.devnull])  # fmt: skip
+                      "--autotune-file", os.devnull, "--loader", "processes"])  # fmt: skip
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
     dataset = decode.ImageDataset(train_index, image_size=32, train=True, seed=0)
     assert row.facts["workers"] == flags.workers == min(loader.MAX_AUTO_WORKERS, cpus)

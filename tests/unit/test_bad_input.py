@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import QUICK_RUN, run_train
-from torchlab import loader, train
+from torchlab import train
+from torchlab.pipeline import loader
 
 
 def test_missing_data_folder_says_how_to_mount_it(tmp_path):

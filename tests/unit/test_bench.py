@@ -124,10 +124,15 @@ def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)  # main runs this process on one thread, as the bench does
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert set(report["pipelines"]) == {"naive", "classic", "torchlab", "torchlab-prepared"}
+    assert set(report["pipelines"]) == {"naive", "classic", "torchlab", "torchlab-prepared", "torchlab-threads",
+                                        "torchlab-threads-prepared"}  # fmt: skip
     for name, row in report["pipelines"].items():
         assert row["images_per_sec"] > 0 and 0 <= row["data_wait_frac"] <= 1, name
     assert report["pipelines"]["torchlab"]["ready_images_per_sec"] > 0
+    threads = report["pipelines"]["torchlab-threads"]
+    assert threads["ready_images_per_sec"] > 0 and threads["loader"] == "threads"
+    assert "collate" not in report["stages"]["torchlab-threads"]["ms_per_image"]  # written in place
+    assert all(memory["rss_mb"] > 0 for memory in report["loader_memory"].values())
     assert all(rate > 0 for rate in report["ceilings"].values()), report["ceilings"]
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
     assert "torchlab / decode-only ceiling" in capsys.readouterr().out

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import QUICK_RUN, ROOT, TRAIN_ENV, run_train
 from torchlab import config, distributed
+from torchlab.pipeline import loader
 
 
 def test_every_flag_has_its_default_and_help_from_the_dataclass():
@@ -86,7 +87,8 @@ def test_resolve_fills_in_every_auto(tmp_path):
     flags = config.parse_args(["--run-dir", str(tmp_path / "run"), "--device", "cpu", "--autotune-file", "/dev/null"])
     resolved = config.resolve(flags, distributed.Processes())
     assert resolved.device == "cpu" and resolved.amp == "off" and resolved.pin_memory is False
-    assert isinstance(resolved.workers, int) and resolved.prefetch_factor == 4 and resolved.jpeg_draft is True
+    assert isinstance(resolved.workers, int) and resolved.jpeg_draft is True
+    assert resolved.loader == "threads" and resolved.prefetch_factor == loader.DEFAULT_THREAD_BATCHES_AHEAD
     assert resolved.lr == pytest.approx(0.1 * 64 / 256) and resolved.resume_path is None
 
 

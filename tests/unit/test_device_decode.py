@@ -15,8 +15,9 @@ import torch
 from PIL import Image
 
 from conftest import run_train
-from torchlab import config, distributed, loader
+from torchlab import config, distributed
 from torchlab.data import decode, device_decode, folder, prepared, splits
+from torchlab.pipeline import loader
 from torchlab.tools import bench_resize
 
 CPU = torch.device("cpu")
@@ -227,7 +228,7 @@ def test_train_py_decodes_on_the_cpu_without_cuda_and_saves_the_choice(sample_se
     result = run_train("--data", sample_set, "--run-dir", run_dir, "--loader-only", "--batch-size", "8",
                        "--workers", "1", "--image-size", "32", timeout=180)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "decoding on the cpu" in result.stdout and "--decode cpu" in result.stdout
+    assert "; --decode cpu (auto);" in result.stdout and "(1 decode threads, --decode cpu)" in result.stdout
     assert '"decode": "cpu"' in (run_dir / "config.json").read_text()
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from conftest import ROOT, torchlab_command
-from torchlab import config, loader
+from torchlab import config
 from torchlab.data import device_decode, prepared, splits
+from torchlab.pipeline import loader
 from torchlab.tools import doctor
 
 MIB = 2**20
@@ -272,7 +273,7 @@ def test_the_shared_memory_row_sizes_batches_as_the_loader_does_with_decode_gpu(
     """With --decode gpu the workers send encoded files, which the loader budgets by their size (here larger than
     32 px crops): the doctor's row uses the same figure."""
     report = doctor.run_checks(str(sample_set), workers=2, prefetch_factor=4, batch_size=8, image_size=32,
-                               run_dir=str(tmp_path / "run"), decoder="gpu")  # fmt: skip
+                               run_dir=str(tmp_path / "run"), decoder="gpu", backend="processes")  # fmt: skip
     shm = next(check for check in report if check.name == "shared memory")
     _, train_index, _ = splits.load_splits(str(sample_set), config.DEFAULTS.val_fraction, config.DEFAULTS.seed)
     encoded = device_decode.EncodedImageDataset(train_index, 32, train=True, seed=0)
@@ -316,6 +317,10 @@ def test_run_checks_takes_train_py_defaults(tmp_path):
     assert names[:4] == ["python", "torch", "torchvision", "torchaudio"]
     assert {"data", "shared memory", "cpus", "decoder", "run dir"} <= set(names)
     shm = next(check for check in report if check.name == "shared memory")
+    # train.py's default loader decodes in threads: nothing goes through /dev/shm
+    assert shm.facts == {"workers": loader.auto_worker_count(1), "backend": "threads"} and shm.status == doctor.OK
+    report = doctor.run_checks(data_dir=str(tmp_path / "missing"), run_dir=str(tmp_path / "run"), backend="processes")
+    shm = next(check for check in report if check.name == "shared memory")
     assert shm.facts["workers"] == loader.auto_worker_count(1)
     # train.py's prefetch 4, batch 64, and the two batches its main process holds
     assert shm.facts["needed"] == (shm.facts["workers"] * 4 + 2) * BATCH_BYTES
@@ -349,3 +354,13 @@ def test_command_help_documents_exit_status_and_a_bad_flag_exits_2():
     bad = run_doctor("--workers", "many")
     assert bad.returncode == 2
     assert "--workers" in bad.stderr
+
+
+def test_autotuned_workers_are_shown_as_such_not_flagged():
+    """Issue 30: after autotune saved 3 workers on 2 CPUs, the doctor warned "more workers than CPUs; fix:
+    --workers 2 (or auto)" though auto gave 3."""
+    usable = loader.usable_cpu_count()
+    check = doctor.check_cpus(workers=usable + 1, tuned="autotuned (saved 2025-01-02, for these flags)")
+    assert check.status == doctor.OK and not check.fix
+    assert f"autotuned: {usable + 1} loader workers (saved 2025-01-02, for these flags)" in check.detail
+    assert "more than CPUs, and faster so" in check.detail

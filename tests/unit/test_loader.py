@@ -1,13 +1,17 @@
 """loader.py: CPU counting, the resumable sharded sampler, uint8 batches, and worker memory."""
 
+import dataclasses
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from torchlab import loader
-from torchlab.data import decode, folder, sampler, splits
+from torchlab.data import decode, folder, splits
+from torchlab.pipeline import loader, sampler
 from torchlab.tools import bench
 
 
@@ -201,3 +205,156 @@ def test_worker_memory_does_not_grow_with_the_number_of_samples():
     # A list of str copies every page of its ~200k objects into the reader (~10 MB and more); the index none.
     assert list_growth > 8 * 2**20, "the measurement no longer sees copy-on-write"
     assert compact_growth < 2 * 2**20
+
+
+def thread_options(threads, batches_ahead=2):
+    return loader.LoaderSettings(batch_size=8, workers=threads, prefetch_factor=batches_ahead, backend="threads",
+                                 pin_memory=False)  # fmt: skip
+
+
+def test_threads_yield_the_batches_worker_processes_yield(sample_set):
+    """The same crops and flips for the same (seed, epoch, position): threads writing samples into the ring's
+    slots give the process loader's batches exactly, in order, for any number of threads, and a pass resumed
+    `skip` samples in gives the rest of them. An epoch longer than the ring reuses its buffers."""
+    _, train_index, _ = splits.load_splits(str(sample_set), val_fraction=0.1, seed=0)
+    dataset = decode.ImageDataset(train_index.subset(np.arange(44)), image_size=32, train=True, seed=0)
+
+    def epoch_batches(settings, epoch, skip=0):
+        data_loader = loader.build_loader(dataset, settings, torch.device("cpu"), train=True)
+        data_loader.sampler.set_epoch(epoch, skip)
+        return [(images.clone(), labels.clone(), bad.clone()) for images, labels, bad in data_loader]
+
+    in_processes = epoch_batches(loader_options(2), epoch=1)
+    assert len(in_processes) == 5
+    for settings in (thread_options(0), thread_options(1, 1), thread_options(3), thread_options(4, 5)):
+        in_threads = epoch_batches(settings, epoch=1)
+        assert len(in_threads) == 5, settings
+        for (images, labels, _), (thread_images, thread_labels, bad) in zip(in_processes, in_threads, strict=True):
+            assert thread_images.dtype == torch.uint8 and thread_images.shape == (8, 32, 32, 3)
+            assert torch.equal(images, thread_images) and torch.equal(labels, thread_labels), settings
+            assert bad.tolist() == []
+    resumed = epoch_batches(thread_options(2), epoch=1, skip=2 * 8)
+    assert [batch[0].tolist() for batch in resumed] == [batch[0].tolist() for batch in in_processes[2:]]
+    assert not torch.equal(in_processes[0][0], epoch_batches(thread_options(2), epoch=2)[0][0])
+
+
+def test_thread_loader_counts_batches_as_the_dataloader_does():
+    """KeyDataset has a collate of its own: the threads batch what it gives (as --decode gpu's dataset)."""
+    for train, rank, world_size, batches in [(True, 1, 4, 6), (False, 0, 3, 9)]:
+        settings = dataclasses.replace(thread_options(2), batch_size=4)
+        data_loader = loader.build_loader(KeyDataset(103), settings, torch.device("cpu"), train, rank, world_size)
+        whole = list(data_loader)
+        reference = loader.build_loader(
+            KeyDataset(103), dataclasses.replace(settings, backend="processes", workers=0), torch.device("cpu"),
+            train, rank, world_size,
+        )  # fmt: skip
+        assert whole == list(reference)
+        assert loader.batches_per_epoch(data_loader) == len(data_loader) == len(whole) == batches
+        data_loader.sampler.set_epoch(0, skip=2 * 4)
+        assert (loader.batches_per_epoch(data_loader), len(data_loader)) == (batches, batches - 2)
+        assert list(data_loader) == whole[2:]
+
+
+def test_unreadable_images_are_left_out_and_named_by_the_threads(sample_set, tmp_path):
+    _, train_index, _ = splits.load_splits(str(sample_set), val_fraction=0.1, seed=0)
+    paths = [train_index.path(position) for position in range(16)]
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8 not really a JPEG")
+    paths[5] = str(broken)
+    index = folder.SampleIndex(paths, train_index.labels[:16])
+    dataset = decode.ImageDataset(index, image_size=32, train=False, seed=0)
+    (images, labels, bad), second = list(
+        loader.build_loader(dataset, thread_options(2), torch.device("cpu"), train=False)
+    )
+    assert bad.tolist() == [5] and images.shape == (7, 32, 32, 3)
+    assert labels.tolist() == [int(label) for position, label in enumerate(index.labels[:8]) if position != 5]
+    assert second[0].shape == (8, 32, 32, 3)
+
+
+class Unreliable(KeyDataset):
+    """Raises from one sample (not an unreadable image: a bug), or blocks every sample until released."""
+
+    def __init__(self, length, fail_at=None, gate=None):
+        super().__init__(length)
+        self.fail_at, self.gate = fail_at, gate
+
+    def __getitem__(self, key):
+        if self.gate is not None:
+            self.gate.wait()
+        if key[0] == self.fail_at:
+            raise RuntimeError(f"sample {key[0]} failed")
+        return key
+
+
+def decode_threads():
+    return [thread for thread in threading.enumerate() if thread.name.startswith("torchlab-decode")]
+
+
+def test_a_loop_that_stops_early_leaves_no_thread_behind():
+    """train.py returns from its epoch loop at a SIGTERM: the pass's generator is closed, and its threads (some
+    waiting for a free buffer, some inside a sample) must all end with it."""
+    data_loader = loader.build_loader(KeyDataset(400), thread_options(3), torch.device("cpu"), train=True)
+    batches = iter(data_loader)
+    next(batches)
+    assert len(decode_threads()) == 3
+    batches.close()
+    assert decode_threads() == []
+
+    gate = threading.Event()
+    blocked = loader.build_loader(Unreliable(400, gate=gate), thread_options(3), torch.device("cpu"), train=True)
+    passes = [iter(blocked)]
+    opened = threading.Thread(target=lambda: next(passes[0], None))
+    opened.start()
+    wait_for(lambda: len(decode_threads()) == 3)  # every thread is inside a sample, or waiting for a buffer
+    gate.set()
+    opened.join()
+    passes.clear()  # the pass is dropped, as a loop's generator is when the loop returns
+    assert decode_threads() == []
+
+
+def test_an_error_in_a_thread_reaches_the_loop():
+    data_loader = loader.build_loader(Unreliable(64, fail_at=None), thread_options(2), torch.device("cpu"), False)
+    data_loader.dataset.fail_at = 20
+    with pytest.raises(RuntimeError, match="sample 20 failed"):
+        list(data_loader)
+    assert decode_threads() == []
+
+
+def wait_for(condition, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+class PhotoDataset(torch.utils.data.Dataset):
+    """A user's own Dataset of the usual kind: paths in __init__, Image.open in __getitem__."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, number):
+        with Image.open(self.paths[number]) as image:
+            return image.convert("RGB").resize((40, 32)), number % 3
+
+
+def test_create_loader_gives_a_users_dataset_the_planned_loader(sample_set):
+    from torchlab import pipeline
+
+    _, train_index, _ = splits.load_splits(str(sample_set), val_fraction=0.1, seed=0)
+    dataset = PhotoDataset([train_index.path(position) for position in range(20)])
+    lines = []
+    in_threads = pipeline.create_loader(dataset, batch_size=8, backend="threads", workers=2, print_plan=lines.append)
+    in_processes = pipeline.create_loader(dataset, batch_size=8, backend="processes", workers=2, print_plan=None)
+    assert lines == [f"torchlab loader: {in_threads.plan.describe()}"] and in_threads.plan.backend == "threads"
+    for loaded in (in_threads, in_processes):
+        loaded.sampler.set_epoch(3)
+    threaded = [(images.clone(), labels.clone()) for images, labels, _ in in_threads]
+    processed = [(images, labels) for images, labels, _ in in_processes]
+    assert len(threaded) == len(processed) == 2  # 20 in batches of 8, the last partial one dropped
+    for (images, labels), (expected_images, expected_labels) in zip(threaded, processed, strict=True):
+        assert images.shape == (8, 32, 40, 3) and torch.equal(images, expected_images)
+        assert torch.equal(labels, expected_labels)

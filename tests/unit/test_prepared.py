@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from torchlab import loader
 from torchlab.data import decode, folder, prepared, splits
+from torchlab.pipeline import loader
 from torchlab.tools import doctor
 
 

@@ -1,12 +1,15 @@
 """The region decoder (torchlab_jpeg) and load_crop's fast path: exact pixels where it decodes, Pillow's
 path where it does not, and a resize within 40 dB of Pillow's."""
 
+import concurrent.futures
 import io
 import math
 import os
 import random
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -159,3 +162,63 @@ def test_the_decoder_loads_after_torchvision_and_pillow_have_their_own_libjpeg()
     code = "import torchvision, PIL.Image; from torchlab.data import decode; print(decode.torchlab_jpeg is not None)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "True"
+
+
+def decode_calls_let_another_thread_run(decode_once, calls=20):
+    """Whether another Python thread ran while `decode_once` was inside the C call, in at least one of `calls`
+    calls. The switch interval is set far beyond the test's length, so the interpreter never takes the GIL from
+    a thread running Python: the counting thread runs only where the decoding one lets the GIL go itself."""
+    counter, done, overlapped = [0], threading.Event(), []
+
+    def count():
+        while not done.is_set():
+            counter[0] += 1
+            time.sleep(0)  # lets the GIL go, so the decoding thread can take it back after each call
+
+    def decode_repeatedly():
+        for _ in range(calls):
+            before = counter[0]
+            decode_once()
+            overlapped.append(counter[0] > before)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000)
+    try:
+        decoder = threading.Thread(target=decode_repeatedly)
+        counter_thread = threading.Thread(target=count)
+        counter_thread.start()
+        decoder.start()
+        decoder.join()
+    finally:
+        done.set()
+        counter_thread.join()
+        sys.setswitchinterval(interval)
+    return any(overlapped)
+
+
+def test_decoding_releases_the_gil():
+    """Decode threads in one process decode in parallel only if the region decoder lets the GIL go around its
+    libjpeg calls (it held it before issue 26); a corrupt file's error path must take it back correctly."""
+    rng = np.random.default_rng(0)
+    data = jpeg_bytes(rng.integers(0, 256, (1200, 1600, 3), dtype=np.uint8), "RGB", 2, False, 95)
+    assert decode_calls_let_another_thread_run(lambda: torchlab_jpeg.decode_region(data, 1, 0, 0, 1600, 1200))
+    truncated = data[: len(data) // 2]  # libjpeg's escape comes from inside the scan, the GIL let go
+    results = []
+    decode_calls_let_another_thread_run(
+        lambda: results.append(torchlab_jpeg.decode_region(truncated, 1, 0, 0, 1600, 1200))
+    )
+    assert results == [None] * 20
+    assert torchlab_jpeg.image_size(truncated)[:2] == (1600, 1200)
+
+
+def test_threads_decode_what_one_thread_decodes():
+    files = [(data, box) for data, mode, progressive, box in varied_jpegs(60) if mode != "CMYK" and not progressive]
+
+    def region(item):
+        data, (left, top, right, bottom) = item
+        return torchlab_jpeg.decode_region(data, 1, left, top, right, bottom)
+
+    alone = [region(item) for item in files]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        in_threads = list(pool.map(region, files))
+    assert in_threads == alone

@@ -69,8 +69,9 @@ def test_a_run_writes_its_scalars_as_tensorboard_events(sample_set, tmp_path):
     ]
 
 
-def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_path):
-    run_flags = ("--data", sample_set, "--epochs", "3", "--workers", "2", *QUICK_RUN)
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_path, backend):
+    run_flags = ("--data", sample_set, "--epochs", "3", "--workers", "2", "--loader", backend, *QUICK_RUN)
     reference = run_train(*run_flags, "--run-dir", tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr
 
@@ -95,18 +96,14 @@ def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_p
     assert len(interval_losses(run_dir)) == 18
 
 
-def test_sighup_is_ignored_and_sigterm_to_the_process_group_stops_with_a_checkpoint(sample_set, tmp_path):
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_sighup_is_ignored_and_sigterm_to_the_process_group_stops_with_a_checkpoint(sample_set, tmp_path, backend):
+    """With decode threads, the stop must also end every thread: train.py exits (no hang at exit) with them
+    busy or waiting for a buffer."""
     run_dir = tmp_path / "run"
     # Its own session, like a login's; the hangup goes to the whole process group, workers included.
     process = start_train(
-        "--data",
-        sample_set,
-        "--run-dir",
-        run_dir,
-        "--epochs",
-        "3",
-        "--workers",
-        "2",
+        *("--data", sample_set, "--run-dir", run_dir, "--epochs", "3", "--workers", "2", "--loader", backend),
         *QUICK_RUN,
         start_new_session=True,
     )
@@ -170,7 +167,7 @@ def test_loader_only_reports_images_per_second(sample_set, tmp_path):
     result = run_train("--data", sample_set, "--run-dir", run_dir, "--loader-only", "--workers", "2", *QUICK_RUN)
 
     assert result.returncode == 0, result.stderr
-    line = r"^loader-only: \d+\.\d images/s over 96 images \(2 workers, --decode cpu\)$"
+    line = r"^loader-only: \d+\.\d images/s over 96 images \(2 decode threads, --decode cpu\)$"
     assert re.search(line, result.stdout, re.MULTILINE)
     (record,) = read_metrics(run_dir, "loader_only")
     assert record["images"] == 96 and record["images_per_sec"] > 0

@@ -25,8 +25,8 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from torchlab import loader
 from torchlab.data import decode
+from torchlab.pipeline import loader
 
 DECODERS = ("auto", "cpu", "gpu")
 JPEG_START = b"\xff\xd8\xff"

@@ -15,6 +15,9 @@
  * (rgb bytearray, x_offset, y_offset, width, height) of what was decoded, or None when libjpeg reports an
  * error or a warning (a truncated or corrupt file): the caller then falls back to Pillow, which says why.
  *
+ * Both release the GIL around the libjpeg calls, so that decode threads run in parallel: while it is released
+ * no Python API is called, and an error's longjmp lands where the GIL is taken back first (gil_taken).
+ *
  * libjpeg-turbo is opened by its full path with dlopen (RTLD_LOCAL | RTLD_DEEPBIND), not linked: torchvision
  * and Pillow load copies of libjpeg of their own, and one of them answers to the soname libjpeg.so.62, so a
  * linked dependency would be bound to that copy, which lacks jpeg_skip_scanlines.
@@ -112,22 +115,41 @@ static void read_header(struct jpeg_decompress_struct *cinfo, const Py_buffer *d
     libjpeg.read_header(cinfo, TRUE);
 }
 
+/* The GIL, released with release_gil and taken back with take_gil, which does nothing where it is held: the
+ * error path calls it whichever side of a release the longjmp came from. */
+static void release_gil(PyThreadState *volatile *saved)
+{
+    *saved = PyEval_SaveThread();
+}
+
+static void take_gil(PyThreadState *volatile *saved)
+{
+    if (*saved != NULL) {
+        PyEval_RestoreThread(*saved);
+        *saved = NULL;
+    }
+}
+
 static PyObject *image_size(PyObject *Py_UNUSED(module), PyObject *args)
 {
     Py_buffer data;
     struct jpeg_decompress_struct cinfo;
     struct error_escape errors;
+    PyThreadState *volatile saved = NULL;
     PyObject *result;
 
     if (!PyArg_ParseTuple(args, "y*", &data))
         return NULL;
+    release_gil(&saved);
     start_reading(&cinfo, &errors);
     if (setjmp(errors.escape)) {
         libjpeg.destroy_decompress(&cinfo);
+        take_gil(&saved);
         PyBuffer_Release(&data);
         Py_RETURN_NONE;
     }
     read_header(&cinfo, &data);
+    take_gil(&saved);
     result = Py_BuildValue("IIO", cinfo.image_width, cinfo.image_height,
                            region_supported(&cinfo) ? Py_True : Py_False);
     libjpeg.destroy_decompress(&cinfo);
@@ -141,14 +163,18 @@ static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args)
     int scale_denom, x0, y0, x1, y1;
     struct jpeg_decompress_struct cinfo;
     struct error_escape errors;
+    PyThreadState *volatile saved = NULL;
     PyObject *volatile pixels = NULL;
+    JSAMPROW first_row;
     JDIMENSION x_offset, width;
 
     if (!PyArg_ParseTuple(args, "y*iiiii", &data, &scale_denom, &x0, &y0, &x1, &y1))
         return NULL;
+    release_gil(&saved);
     start_reading(&cinfo, &errors);
     if (setjmp(errors.escape)) {
         libjpeg.destroy_decompress(&cinfo);
+        take_gil(&saved);
         PyBuffer_Release(&data);
         Py_XDECREF(pixels);
         Py_RETURN_NONE;
@@ -179,18 +205,23 @@ static PyObject *decode_region(PyObject *Py_UNUSED(module), PyObject *args)
         libjpeg.crop_scanline(&cinfo, &x_offset, &width);
     if (y0 > 0)
         libjpeg.skip_scanlines(&cinfo, (JDIMENSION)y0);
+    /* The output's size is known now: the GIL is taken back to make the bytearray, then released again. */
+    take_gil(&saved);
     pixels = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)width * 3 * (y1 - y0));
     if (pixels == NULL) {
         libjpeg.destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         return NULL;
     }
+    first_row = (JSAMPROW)PyByteArray_AS_STRING(pixels);
+    release_gil(&saved);
     while (cinfo.output_scanline < (JDIMENSION)y1) {
-        JSAMPROW row = (JSAMPROW)PyByteArray_AS_STRING(pixels) + (size_t)(cinfo.output_scanline - y0) * width * 3;
+        JSAMPROW row = first_row + (size_t)(cinfo.output_scanline - y0) * width * 3;
         libjpeg.read_scanlines(&cinfo, &row, 1);
     }
     libjpeg.abort_decompress(&cinfo); /* the rows below the region are never decoded */
     libjpeg.destroy_decompress(&cinfo);
+    take_gil(&saved);
     PyBuffer_Release(&data);
     return Py_BuildValue("NIiIi", pixels, x_offset, y0, width, y1 - y0);
 }

@@ -27,8 +27,9 @@ from io import BytesIO
 import numpy as np
 from PIL import Image
 
-from torchlab import config, io, loader
+from torchlab import config, io
 from torchlab.data import decode, folder
+from torchlab.pipeline import loader
 
 DATA_FILE = "images.bin"
 INDEX_FILE = "index.npz"

@@ -9,88 +9,42 @@ would not fit in /dev/shm's free space are never tried, so never picked.
 """
 
 import dataclasses
-import json
 import os
 import time
 import warnings
 
-from torchlab import io, loader
 from torchlab.data import device_decode
+from torchlab.pipeline import loader, settings
 
-DEFAULT_FILE = "~/.cache/torchlab/autotune.json"
+DEFAULT_FILE = settings.DEFAULT_FILE
 PREFETCH_FACTORS = (2, 4, 8)
 JPEG_DRAFT_CHOICES = (True, False)
+MIN_SECONDS_EACH = 1.0  # a shorter measurement times little more than the loader's start: fewer settings then
+BUDGET_RESERVE = 0.05  # of --autotune-seconds kept for the table, saving, and the last setting's shut-down
+setting_key, saved_setting, save_setting = settings.setting_key, settings.saved_setting, settings.save_setting
 
 
-@dataclasses.dataclass(frozen=True)
-class LoaderChoice:
-    """What --workers, --prefetch-factor and --jpeg-draft resolve to, and whether a tuned setting gave them."""
-
-    workers: int
-    prefetch_factor: int
-    jpeg_draft: bool
-    decode: str
-    autotuned: bool
-
-
-def setting_key(data, image_size, batch_size, device, processes_on_machine):
-    """What a tuned setting holds for: data folder, image size, batch size, device type, processes."""
-    device_type = str(device).split(":")[0]
-    return (
-        f"{os.path.abspath(data)}|image_size={image_size}|batch_size={batch_size}"
-        f"|device={device_type}|processes={processes_on_machine}"
-    )
-
-
-def resolve_loader(workers, prefetch_factor, jpeg_draft, decoder, settings_file, key, processes_on_machine):
-    """The one answer to --workers auto: with "auto", the setting saved in `settings_file` for `key` (None: do
-    not read one), else this process's share of the usable CPUs; --prefetch-factor and --jpeg-draft left None,
-    and --decode auto, take the saved setting's, else their defaults (decode stays "auto" for
-    config.resolve_decoder). train.py and the doctor both call this."""
-    tuned = saved_setting(settings_file, key) if workers == "auto" and settings_file is not None else None
-    if workers == "auto":
-        workers = tuned["workers"] if tuned else loader.auto_worker_count(processes_on_machine)
-    if prefetch_factor is None:
-        prefetch_factor = tuned["prefetch_factor"] if tuned else loader.DEFAULT_PREFETCH_FACTOR
-    if jpeg_draft is None:
-        jpeg_draft = tuned["jpeg_draft"] if tuned else True
-    if decoder == "auto" and tuned:
-        decoder = tuned.get("decode", "cpu")  # settings saved before decoders were tuned timed the CPU's
-    return LoaderChoice(workers, prefetch_factor, jpeg_draft, decoder, autotuned=tuned is not None)
-
-
-def read_settings(path):
-    """Every saved setting by key; {} when the file is missing or unreadable."""
+def process_age_seconds():
+    """Seconds since this process started (torch's import included), from /proc; 0 where it cannot be read."""
     try:
-        with open(os.path.expanduser(path)) as settings_file:
-            settings = json.load(settings_file)
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return settings if isinstance(settings, dict) else {}
-
-
-def saved_setting(path, key):
-    """The setting saved for `key` ({"workers", "prefetch_factor", "jpeg_draft", ...}), or None."""
-    setting = read_settings(path).get(key)
-    required = ("workers", "prefetch_factor", "jpeg_draft")
-    return setting if isinstance(setting, dict) and all(name in setting for name in required) else None
-
-
-def save_setting(path, key, setting):
-    """Add or replace `key`'s setting, keeping the others (io.atomic_write)."""
-    path = os.path.expanduser(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    settings = json.dumps({**read_settings(path), key: setting}, indent=2)
-    io.atomic_write(path, lambda settings_file: settings_file.write(settings.encode()))
+        with open("/proc/self/stat") as stat_file:
+            start_ticks = int(stat_file.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as uptime_file:
+            uptime = float(uptime_file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def candidate_settings(usable_cpus, decoders):
-    """(decoder, workers, prefetch_factor, jpeg_draft) to try: each decoder, from half the CPUs to one more than
-    there are (JPEG draft only matters where the workers decode: on the GPU it stays on)."""
+    """(decoder, backend, workers, prefetch_factor, jpeg_draft) to try: each decoder, decode threads and worker
+    processes, from half the CPUs to one more than there are (JPEG draft only matters where the CPU decodes: on
+    the GPU it stays on)."""
     worker_counts = sorted({max(1, usable_cpus // 2), usable_cpus, usable_cpus + 1})
     return [
-        (decoder, workers, prefetch_factor, jpeg_draft)
+        (decoder, backend, workers, prefetch_factor, jpeg_draft)
         for decoder in decoders
+        for backend in loader.BACKENDS
         for workers in worker_counts
         for prefetch_factor in PREFETCH_FACTORS
         for jpeg_draft in (JPEG_DRAFT_CHOICES if decoder == "cpu" else (True,))
@@ -106,8 +60,10 @@ def decoders_to_try(decoder, device, index):
 
 
 def measure_images_per_sec(dataset, decoder, settings, device, seconds):
-    """Images/s of the training loader for `settings` (and make_dataset's `dataset` for `decoder`) over about
-    `seconds`, leaving out each pass's first batch (the pipeline filling up, paid once per epoch)."""
+    """Images/s of the training loader for `settings` (and make_dataset's `dataset` for `decoder`) within
+    `seconds` of wall-clock time in all (the loader's start, each pass's first batch, the shut-down), the rate
+    leaving out each pass's first batch (the pipeline filling up, paid once per epoch)."""
+    deadline = time.monotonic() + seconds
     with warnings.catch_warnings():
         # Autotune times one worker more than there are CPUs on purpose: torch's warning about that setting
         # (when the loader is made, and at each pass) would only cut into the table.
@@ -115,15 +71,13 @@ def measure_images_per_sec(dataset, decoder, settings, device, seconds):
         train_loader = loader.build_loader(dataset, settings, device, train=True)
         to_device = device_decode.make_device_step(decoder, device, dataset.image_size)
         images, elapsed, epoch = 0, 0.0, 0
-        while elapsed < seconds:
+        while time.monotonic() < deadline:
             train_loader.sampler.set_epoch(epoch)
-            timing = loader.timed_pass(
-                train_loader, to_device, device, lambda t, left=seconds - elapsed: t.seconds - t.fill_seconds >= left
-            )
+            timing = loader.timed_pass(train_loader, to_device, device, lambda t: time.monotonic() >= deadline)
             images += timing.images - timing.first_batch_images
             elapsed += timing.seconds - timing.fill_seconds
             epoch += 1
-    return images / elapsed
+    return images / elapsed if elapsed > 0 else 0.0
 
 
 def fitting_settings(datasets, batch_size):
@@ -132,11 +86,11 @@ def fitting_settings(datasets, batch_size):
     one_batch_bytes = {name: loader.dataset_batch_bytes(dataset, batch_size) for name, dataset in datasets.items()}
     fitting, skipped = [], []
     for setting in candidate_settings(loader.usable_cpu_count(), tuple(datasets)):
-        decoder, workers, prefetch_factor, _ = setting
+        decoder, backend, workers, prefetch_factor, _ = setting
         fit = loader.fit_shared_memory(
             workers, prefetch_factor, one_batch_bytes[decoder], None if shm is None else shm[1]
         )
-        (fitting if fit.fits else skipped).append(setting)
+        (fitting if fit.fits or backend == "threads" else skipped).append(setting)
     if not fitting:
         raise loader.SharedMemoryError(
             f"/dev/shm has {shm[1] / loader.MB:.0f} MB free: no loader setting fits; start the container with "
@@ -145,14 +99,24 @@ def fitting_settings(datasets, batch_size):
     return fitting, skipped
 
 
-def setting_row(decoder, workers, prefetch_factor, jpeg_draft):
-    return f"{decoder:>7} {workers:>8} {prefetch_factor:>8} {'on' if jpeg_draft else 'off':>6}"
+def likelihood_rank(setting, cpus):
+    """Where `setting` comes in the order of trying: train.py's defaults first (as many workers as CPUs,
+    default batches ahead, JPEG draft on), then other worker counts, then other prefetch factors, then draft off."""
+    decoder, backend, workers, prefetch_factor, jpeg_draft = setting
+    default_prefetch = loader.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else loader.DEFAULT_PREFETCH_FACTOR
+    return (not jpeg_draft, prefetch_factor != min(PREFETCH_FACTORS, key=lambda p: abs(p - default_prefetch)),
+            workers != cpus, backend != "threads", decoder)  # fmt: skip
 
 
-def tune(index, flags, device, key, print_line=print):
+def setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft):
+    return f"{decoder:>7} {backend:>9} {workers:>8} {prefetch_factor:>8} {'on' if jpeg_draft else 'off':>6}"
+
+
+def tune(index, flags, device, key, print_line=print, started=0.0):
     """Try every candidate setting (decoder, workers, prefetch factor, JPEG draft) on the training samples of
     `index` for flags.autotune_seconds in all, print a table, save and return the best.
 
+    `started`: seconds of the budget spent before the call (train.py: the process's age, process_age_seconds).
     `flags` is train.py's TrainConfig (its decode before config.resolve_decoder); settings whose batches would
     not fit in /dev/shm's free space are skipped.
     """
@@ -161,31 +125,47 @@ def tune(index, flags, device, key, print_line=print):
         for decoder in decoders_to_try(flags.decode, device, index)
     }
     fitting, skipped = fitting_settings(datasets, flags.batch_size)
-    seconds_each = flags.autotune_seconds / len(fitting)
+    # The budget is the whole run's, from the process's start: what is left is shared by the settings, each
+    # given at least MIN_SECONDS_EACH; where that leaves too little for all, the likeliest are tried first.
+    left = max(flags.autotune_seconds * (1 - BUDGET_RESERVE) - started, 0.0)
+    if left < MIN_SECONDS_EACH:
+        print_line(f"autotune: --autotune-seconds {flags.autotune_seconds:g} leaves {left:.1f} s after the start "
+                   f"({started:.1f} s: torch's import, indexing --data), too little to time one setting "
+                   f"({MIN_SECONDS_EACH:g} s); nothing saved: give it more")  # fmt: skip
+        return None
+    cpus = loader.usable_cpu_count()
+    fitting.sort(key=lambda setting: likelihood_rank(setting, cpus))
+    untried = fitting[max(1, int(left // MIN_SECONDS_EACH)) :]
+    fitting = fitting[: max(1, int(left // MIN_SECONDS_EACH))]
+    seconds_each = left / len(fitting)
     print_line(f"autotune: {len(fitting)} settings x {seconds_each:.1f} s on {device}; {key}")
-    print_line(f"{'decode':>7} {'workers':>8} {'prefetch':>8} {'draft':>6} {'images/s':>9}")
+    print_line(f"{'decode':>7} {'loader':>9} {'workers':>8} {'prefetch':>8} {'draft':>6} {'images/s':>9}")
     results = []
-    for decoder, workers, prefetch_factor, jpeg_draft in fitting:
+    for decoder, backend, workers, prefetch_factor, jpeg_draft in fitting:
         # Workers stop after each measurement.
-        settings = dataclasses.replace(
-            flags.loader_settings(), workers=workers, prefetch_factor=prefetch_factor, persistent_workers=False
-        )
+        loader_settings = dataclasses.replace(
+            flags.loader_settings(), backend=backend, workers=workers, prefetch_factor=prefetch_factor,
+            persistent_workers=False,
+        )  # fmt: skip
         datasets[decoder].draft = jpeg_draft
-        rate = measure_images_per_sec(datasets[decoder], decoder, settings, device, seconds_each)
-        results.append((rate, decoder, workers, prefetch_factor, jpeg_draft))
-        print_line(f"{setting_row(decoder, workers, prefetch_factor, jpeg_draft)} {rate:>9.1f}")
+        rate = measure_images_per_sec(datasets[decoder], decoder, loader_settings, device, seconds_each)
+        results.append((rate, decoder, backend, workers, prefetch_factor, jpeg_draft))
+        print_line(f"{setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft)} {rate:>9.1f}")
     for setting in skipped:
         print_line(f"{setting_row(*setting)}  skipped: /dev/shm too small")
-    rate, decoder, workers, prefetch_factor, jpeg_draft = max(results)
-    best = {"decode": decoder, "workers": workers, "prefetch_factor": prefetch_factor, "jpeg_draft": jpeg_draft,
-            "images_per_sec": rate}  # fmt: skip
+    if untried:
+        print_line(f"autotune: {len(untried)} more settings not tried within --autotune-seconds "
+                   f"{flags.autotune_seconds:g} (at least {MIN_SECONDS_EACH:g} s each)")  # fmt: skip
+    rate, decoder, backend, workers, prefetch_factor, jpeg_draft = max(results)
+    best = {"decode": decoder, "loader": backend, "workers": workers, "prefetch_factor": prefetch_factor,
+            "jpeg_draft": jpeg_draft, "images_per_sec": rate}  # fmt: skip
     try:
         save_setting(flags.autotune_file, key, {**best, "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         saved = f"saved to {flags.autotune_file} for runs with --workers auto"
     except OSError as error:  # a read-only home still gets the table
         saved = f"not saved: {error}"
     print_line(
-        f"autotune: best --decode {decoder}, {workers} workers x prefetch {prefetch_factor}, JPEG draft "
-        f"{'on' if jpeg_draft else 'off'}: {rate:.1f} images/s; {saved}"
+        f"autotune: best --decode {decoder}, --loader {backend}, {workers} workers x prefetch {prefetch_factor}, "
+        f"JPEG draft {'on' if jpeg_draft else 'off'}: {rate:.1f} images/s; {saved}"
     )
     return best

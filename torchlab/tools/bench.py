@@ -43,9 +43,10 @@ import torchvision
 from PIL import Image
 from torchvision import transforms
 
-from torchlab import config, io, loader
-from torchlab.data import decode, device_decode, folder, prepared, sampler, splits
-from torchlab.tools import autotune, bench_data
+from torchlab import config, io
+from torchlab.data import decode, device_decode, folder, prepared, splits
+from torchlab.pipeline import loader, plan, sampler
+from torchlab.tools import bench_data
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
 CONSUMER_SPEEDUP = 1.5  # the simulated consumer runs at 1.5 x classic's images/s
@@ -58,7 +59,8 @@ MAIN_PROCESS_STAGES = ("transfer", "device step")
 # device step leaves the CPU, so this is the figure that matters there).
 READY_SUFFIX = ":ready"
 GPU_DECODE = "torchlab-gpu-decode"  # a row only where CUDA is present
-NAME_WIDTH = len(GPU_DECODE)  # the report's column of row names fits the longest
+THREADS, THREADS_PREPARED = "torchlab-threads", "torchlab-threads-prepared"  # --loader threads
+NAME_WIDTH = len("torchlab-threads-prepared")  # the report's column of row names fits the longest
 
 
 def naive_transform(image_size):
@@ -74,13 +76,14 @@ def naive_transform(image_size):
 
 
 class Pipeline:
-    """A DataLoader and what turns its batches into (images, labels) on the device."""
+    """A loader and what turns its batches into (images, labels) on the device."""
 
     def __init__(self, name, data_loader, to_device, workers):
         self.name = name
         self.loader = data_loader
         self.to_device = to_device
         self.workers = workers
+        self.backend = getattr(data_loader, "backend", "processes")
 
     def set_epoch(self, epoch):
         if isinstance(self.loader.sampler, sampler.EpochSampler):
@@ -116,19 +119,19 @@ class CopyToDevice:
             yield (*self(images, labels), [])
 
 
-def torchlab_settings(batch_size):
-    """train.py's defaults, resolved as train.py resolves them (--workers auto with no saved autotune setting),
-    but for batch_size: (LoaderSettings, image size, JPEG draft)."""
-    choice = autotune.resolve_loader("auto", None, None, "auto", None, None, processes_on_machine=1)
-    flags = dataclasses.replace(
-        config.DEFAULTS, batch_size=batch_size, workers=choice.workers, prefetch_factor=choice.prefetch_factor
-    )
-    return flags.loader_settings(), flags.image_size, choice.jpeg_draft
+def torchlab_settings(batch_size, backend="auto"):
+    """train.py's defaults, resolved by the loader plan as train.py resolves them (--workers auto with no saved
+    autotune setting, /dev/shm left out: the bench gives it 2 GB), but for batch_size and --loader `backend`:
+    (LoaderSettings, image size, JPEG draft)."""
+    asked = dataclasses.replace(config.asked_loader(config.DEFAULTS), loader=backend)
+    used = plan.plan_loader(asked, None, loader.usable_cpu_count(), None, 0)
+    return used.settings(batch_size, config.DEFAULTS.seed), config.DEFAULTS.image_size, used.jpeg_draft
 
 
-def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu"):
-    """train.py's training loader with --decode `decoder`, built by the same calls as train.py makes."""
-    settings, image_size, jpeg_draft = torchlab_settings(batch_size)
+def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu", backend="auto"):
+    """train.py's training loader with --decode `decoder` and --loader `backend`, built by the same calls as
+    train.py makes."""
+    settings, image_size, jpeg_draft = torchlab_settings(batch_size, backend)
     _, train_index, _ = splits.load_splits(data_root, config.DEFAULTS.val_fraction, settings.seed)
     dataset = device_decode.make_dataset(decoder, train_index, image_size, True, settings.seed, jpeg_draft)
     data_loader = loader.build_loader(dataset, settings, device, train=True)
@@ -186,7 +189,7 @@ class ReadyMadeSamples(torch.utils.data.Dataset):
 
 
 def transport_pipeline(length, batch_size, device):
-    settings, image_size, _ = torchlab_settings(batch_size)
+    settings, image_size, _ = torchlab_settings(batch_size, "processes")  # worker processes' way through /dev/shm
     data_loader = loader.build_loader(ReadyMadeSamples(length, image_size), settings, device, train=True)
     return Pipeline("transport", data_loader, KeepOnHost(), settings.workers)
 
@@ -230,22 +233,30 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
     result = {}
     for name in ("naive", "classic"):
         result[name] = {"ms_per_image": torchvision_stages, "workers": pipelines[name].workers}
-    indexes = {"torchlab": train_index, "torchlab-prepared": prepared_index, GPU_DECODE: train_index}
+    indexes = {"torchlab": train_index, "torchlab-prepared": prepared_index, GPU_DECODE: train_index,
+               THREADS: train_index, THREADS_PREPARED: prepared_index}  # fmt: skip
     for name, index in ((name, index) for name, index in indexes.items() if name in pipelines):
         dataset = pipelines[name].loader.dataset
-        collate = pipelines[name].loader.collate_fn  # the one build_loader chose for this dataset
+        collate = pipelines[name].loader.collate_fn  # the one build_loader chose for this dataset; None: in place
         keys = [(position, 0) for position in range(min(STAGE_SAMPLES, len(index)))]
-        worker_seconds, samples = seconds_per_item(dataset.__getitem__, keys)
-        samples = samples[:batch_size]
-        collate_seconds, ((batch, labels, _),) = seconds_per_item(collate, [samples])
-        device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
         worker_stage = "read file + augmentation draw" if name == GPU_DECODE else "decode+augmentation (fused)"
-        stages = {
-            worker_stage: worker_seconds,
-            "collate": collate_seconds / len(samples),
-            "transfer": 1 / transport_rates["uint8"],
-            "device step": device_step / len(samples),
-        }
+        if collate is None:  # decode threads write each sample into its slot: no collate, no transfer
+            batch = torch.empty((len(keys), *dataset.sample_shape), dtype=torch.uint8)
+            slots = batch.numpy()
+            worker_seconds, written = seconds_per_item(
+                lambda key, dataset=dataset, slots=slots: dataset.write_sample(key, slots[key[0]]), keys
+            )
+            batch, labels = batch[:batch_size], torch.tensor([label for label, _ in written[:batch_size]])
+            stages = {f"{worker_stage}, written in place": worker_seconds}
+        else:
+            worker_seconds, samples = seconds_per_item(dataset.__getitem__, keys)
+            samples = samples[:batch_size]
+            collate_seconds, ((batch, labels, _),) = seconds_per_item(collate, [samples])
+            stages = {worker_stage: worker_seconds, "collate": collate_seconds / len(samples)}
+            if pipelines[name].backend == "processes":
+                stages["transfer"] = 1 / transport_rates["uint8"]
+        device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
+        stages["device step"] = device_step / len(batch)
         result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
     for timing in result.values():
         workers = timing["workers"]
@@ -321,6 +332,43 @@ def memory_measurements(prepared_root):
     }
 
 
+def process_tree_memory():
+    """(RSS, PSS) bytes of this process and its child processes (a DataLoader's workers), from /proc."""
+    pids = [os.getpid()]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as children:
+                pids += [int(pid) for pid in children.read().split()]
+        except OSError:
+            continue
+    rss = pss = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as smaps:
+                fields = dict(line.split(":", 1) for line in smaps if ":" in line and not line[0].isdigit())
+        except OSError:
+            continue
+        rss += int(fields["Rss"].split()[0]) * 1024
+        pss += int(fields["Pss"].split()[0]) * 1024
+    return rss, pss
+
+
+def loader_memory(pipeline):
+    """Resident memory (RSS and PSS, MB) of this process and its workers with `pipeline`'s loader running: its
+    threads or worker processes started and its batches in flight, after a few batches."""
+    batches = iter(pipeline.loader)
+    for _ in zip(range(3), batches, strict=False):
+        pass
+    rss, pss = process_tree_memory()
+    del batches
+    return {
+        "loader": pipeline.backend,
+        "workers": pipeline.workers,
+        "rss_mb": rss / loader.MB,
+        "pss_mb": pss / loader.MB,
+    }
+
+
 def warm_page_cache(paths):
     for path in paths:
         with open(path, "rb") as data_file:
@@ -377,6 +425,11 @@ def report_lines(report):
     lines += [""] + [f"ceiling {name:<24} {rate:>9.1f} images/s" for name, rate in ceilings.items()]
     lines += [
         f"torchlab / decode-only ceiling: {pipelines['torchlab']['images_per_sec'] / ceilings['decode_only']:.1%}",
+        *(
+            f"{THREADS} / decode-only ceiling: {pipelines[THREADS]['images_per_sec'] / ceilings['decode_only']:.1%}"
+            for _ in [None]
+            if THREADS in pipelines
+        ),
         f"simulated consumer: {report['consumer']['seconds_per_batch'] * 1000:.1f} ms per batch "
         f"({report['consumer']['images_per_sec']:.1f} images/s)",
         "",
@@ -387,6 +440,11 @@ def report_lines(report):
     for name, timing in report["stages"].items():
         stages = ", ".join(f"{stage} {ms:.2f}" for stage, ms in timing["ms_per_image"].items())
         lines.append(f"  {name:<{NAME_WIDTH}} {stages}  -> {timing['limit']}")
+    lines += [
+        f"resident memory with the loader running, {name} ({memory['workers']} {memory['loader']}): RSS "
+        f"{memory['rss_mb']:.0f} MB, PSS {memory['pss_mb']:.0f} MB (this process and its workers)"
+        for name, memory in report.get("loader_memory", {}).items()
+    ]
     memory = report["worker_memory"]
     lines.append(
         f"worker memory per epoch, {memory['samples']:,}-sample index: SampleIndex "
@@ -435,8 +493,12 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
         "classic": torchvision_pipeline(
             "classic", train_root, batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)
         ),
-        "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device),
-        "torchlab-prepared": torchlab_pipeline("torchlab-prepared", prepared_root, batch_size, device),
+        "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device, backend="processes"),
+        "torchlab-prepared": torchlab_pipeline(
+            "torchlab-prepared", prepared_root, batch_size, device, backend="processes"
+        ),  # fmt: skip
+        THREADS: torchlab_pipeline(THREADS, data_root, batch_size, device, backend="threads"),
+        THREADS_PREPARED: torchlab_pipeline(THREADS_PREPARED, prepared_root, batch_size, device, backend="threads"),
     }
     if device.type == "cuda" if gpu_decode is None else gpu_decode:  # --decode gpu: the workers read, the GPU decodes
         pipelines[GPU_DECODE] = torchlab_pipeline(GPU_DECODE, data_root, batch_size, device, decoder="gpu")
@@ -457,7 +519,7 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
         f"{name}{READY_SUFFIX}": Pipeline(
             f"{name}{READY_SUFFIX}", pipelines[name].loader, KeepOnHost(), transport.workers
         )
-        for name in ("torchlab", "torchlab-prepared", GPU_DECODE)
+        for name in ("torchlab", "torchlab-prepared", THREADS, THREADS_PREPARED, GPU_DECODE)
         if name in pipelines
     }
     return pipelines, {"transport": transport, "transport-float": float_transport, **ready}
@@ -490,6 +552,7 @@ def pipeline_rows(pipelines, runs, medians, waits, stages):
             "vs_naive": medians[name] / medians["naive"],
             "vs_classic": medians[name] / medians["classic"],
             "workers": pipeline.workers,
+            "loader": pipeline.backend,
             "ready_images_per_sec": medians.get(f"{name}{READY_SUFFIX}"),
             **{key: statistics.median(wait[key] for wait in waits[name]) for key in waits[name][0] if "wait" in key},
             "fill_s": statistics.median(wait["fill_s"] for wait in waits[name]),
@@ -550,6 +613,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "consumer": {"seconds_per_batch": consumer_seconds, "images_per_sec": batch_size / consumer_seconds},
         "stages": stages,
         "worker_memory": memory_measurements(prepared_root),
+        "loader_memory": {name: loader_memory(pipelines[name]) for name in ("torchlab", THREADS)},
     }
     json_path, png_path = io.write_json_report(out_dir, "bench.json", report), os.path.join(out_dir, "bench.png")
     plot(report, png_path)

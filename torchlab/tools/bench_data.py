@@ -20,7 +20,8 @@ import os
 import numpy as np
 from PIL import Image
 
-from torchlab import config, io, loader
+from torchlab import config, io
+from torchlab.pipeline import loader
 from torchlab.tools import sample_data
 
 CLASSES = 10

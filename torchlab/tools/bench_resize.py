@@ -37,8 +37,9 @@ import torch
 from PIL import Image
 
 import torchlab
-from torchlab import config, io, loader
+from torchlab import config, io
 from torchlab.data import decode
+from torchlab.pipeline import loader
 from torchlab.tools import bench_data
 
 # The crops' source images: name -> (width, height).

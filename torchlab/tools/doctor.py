@@ -22,9 +22,9 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from torchlab import config, io, loader
+from torchlab import config, io
 from torchlab.data import device_decode, folder, splits
-from torchlab.tools import autotune
+from torchlab.pipeline import loader, plan
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SEVERITY = {OK: 0, WARN: 1, FAIL: 2}
@@ -398,17 +398,24 @@ def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, p
     return Check("shared memory", OK, detail, facts=facts)
 
 
-def check_cpus(workers, processes=1, cgroup_root=loader.CGROUP_ROOT):
-    """CPUs this container may use (affinity and cgroup quota) against the loader workers asked for."""
+def check_cpus(workers, processes=1, cgroup_root=loader.CGROUP_ROOT, tuned=None, backend="processes"):
+    """CPUs this container may use (affinity and cgroup quota) against the loader workers (or decode threads) the
+    plan uses. Workers from a saved autotune setting (tuned: the plan's reason for them) are what autotune
+    measured fastest here: shown as such, not flagged, also where there are more of them than CPUs."""
     affinity = len(os.sched_getaffinity(0))
     quota = loader.cgroup_cpu_limit(cgroup_root)
     usable = loader.usable_cpu_count(cgroup_root)
     quota_text = "no cgroup CPU quota" if quota is None else f"cgroup CPU quota {quota:g}"
+    units = "decode threads" if backend == "threads" else "loader workers"
     detail = (
         f"{usable} usable ({affinity} in the CPU affinity of {os.cpu_count()}, {quota_text}); "
-        f"{workers} loader workers{f' x {processes} processes' if processes > 1 else ''}"
+        f"{workers} {units}{f' x {processes} processes' if processes > 1 else ''}"
     )
-    facts = {"usable": usable, "affinity": affinity, "quota": quota, "workers": workers}
+    facts = {"usable": usable, "affinity": affinity, "quota": quota, "workers": workers, "autotuned": bool(tuned)}
+    if tuned:
+        more = ": more than CPUs, and faster so when autotune measured it" if workers * processes > usable else ""
+        return Check("cpus", OK, f"{detail}; {tuned.replace('autotuned', f'autotuned: {workers} {units}')}{more}",
+                     facts=facts)  # fmt: skip
     if workers * processes > usable:
         fix = f"--workers {max(1, usable // processes)} (or auto), or give the container more CPUs (--cpus)"
         return Check("cpus", WARN, detail + ": more workers than CPUs", fix=fix, facts=facts)
@@ -477,42 +484,65 @@ def check_decoder(decoder, device, workers, autotuned):
 
 
 # ---------------------------------------------------------------- all of it
-def loader_choice(data_dir, workers, prefetch_factor, decoder, batch_size, image_size, processes, autotune_file):
-    """--workers, --prefetch-factor and --decode as train.py resolves them on this machine
-    (autotune.resolve_loader; --decode may stay auto, for check_decoder)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    key = autotune.setting_key(data_dir, image_size, batch_size, device, processes)
-    return autotune.resolve_loader(workers, prefetch_factor, None, decoder, autotune_file, key, processes)
+def loader_plans(asked, autotune_file, data_dir, batch_size, image_size, processes, index, device):
+    """(the plan before /dev/shm's fit, the plan train.py uses or None where it stops, the decoder, one batch's
+    bytes): plan.plan_loader on this machine, with what --autotune saved, as train.py resolves it."""
+    tuned = None
+    if asked.workers == "auto":
+        tuned = plan.tuned_setting(autotune_file, data_dir, image_size, batch_size, device, processes)
+    decoder = asked.decode
+    if decoder == "auto" and tuned and "decode" in tuned:
+        decoder = tuned["decode"]
+    decoder = device_decode.resolve_decoder(decoder, device, index)
+    dataset = device_decode.make_dataset(decoder, index, image_size, True, config.DEFAULTS.seed, True)
+    one_batch_bytes = loader.dataset_batch_bytes(dataset, batch_size)
+    on_cuda = device.startswith("cuda")
+    before_fit = plan.plan_loader(asked, tuned, loader.usable_cpu_count(), None, one_batch_bytes, processes, on_cuda,
+                                  decoder)  # fmt: skip
+    try:
+        used = plan.resolve_plan(asked, tuned, one_batch_bytes, processes, on_cuda, decoder)
+    except loader.SharedMemoryError:
+        used = None
+    return before_fit, used, decoder, one_batch_bytes
 
 
 def run_checks(
     data_dir=None, workers=None, batch_size=None, prefetch_factor=None, image_size=None, run_dir=None, processes=1,
-    autotune_file=None, decoder=None,
+    autotune_file=None, decoder=None, backend=None,
 ):  # fmt: skip
-    """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults; --workers auto
-    and --prefetch-factor resolve as train.py resolves them, with what --autotune saved in autotune_file."""
+    """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults; --loader,
+    --workers auto and --prefetch-factor resolve as train.py resolves them (the loader plan), with what --autotune
+    saved in autotune_file."""
     defaults = config.DEFAULTS
     data_dir, batch_size = data_dir or defaults.data, batch_size or defaults.batch_size
     image_size, run_dir = image_size or defaults.image_size, run_dir or defaults.run_dir
-    choice = loader_choice(
-        data_dir, defaults.workers if workers is None else workers, prefetch_factor, decoder or defaults.decode,
-        batch_size, image_size, processes, autotune_file or defaults.autotune_file,
+    asked = plan.AskedLoader(
+        backend or defaults.loader, defaults.workers if workers is None else workers, prefetch_factor, None,
+        decoder or defaults.decode,
     )  # fmt: skip
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
     report.extend(check_gpus())
     data_check, train_index = indexed_data_check(data_dir, batch_size, defaults.val_fraction, defaults.seed)
     report.append(data_check)
-    # --decode and the dataset as train.py resolves and builds them, on the index read once for the data row.
+    # --decode, the dataset and the loader plan as train.py resolves them, on the index read once for the data row.
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     index = [] if train_index is None else train_index
-    decoder = device_decode.resolve_decoder(choice.decode, device, index)
-    dataset = device_decode.make_dataset(decoder, index, image_size, True, defaults.seed, True)
-    report.append(check_shared_memory(
-        loader.shared_memory_bytes(), choice.workers, choice.prefetch_factor, batch_size, image_size, processes,
-        one_batch_bytes=loader.dataset_batch_bytes(dataset, batch_size),
-    ))  # fmt: skip
-    report.append(check_cpus(choice.workers, processes))
-    report.append(check_decoder(decoder, device, choice.workers, choice.autotuned))
+    before_fit, used, decoder, one_batch_bytes = loader_plans(
+        asked, autotune_file or defaults.autotune_file, data_dir, batch_size, image_size, processes, index, device
+    )
+    shown = used or before_fit
+    if shown.backend == "threads" and shown.workers > 0:
+        why = f" ({shown.reasons['backend']})" if "backend" in shown.reasons else ""
+        report.append(Check("shared memory", OK, f"not used: {shown.workers} decode threads in the training process"
+                            f"{why}", facts={"workers": shown.workers, "backend": "threads"}))  # fmt: skip
+    else:
+        report.append(check_shared_memory(
+            loader.shared_memory_bytes(), before_fit.workers, before_fit.prefetch_factor, batch_size, image_size,
+            processes, one_batch_bytes=one_batch_bytes,
+        ))  # fmt: skip
+    tuned = before_fit.reasons.get("workers") if before_fit.autotuned else None
+    report.append(check_cpus(before_fit.workers, processes, tuned=tuned, backend=shown.backend))
+    report.append(check_decoder(decoder, device, before_fit.workers, before_fit.autotuned))
     report.append(check_run_dir(run_dir))
     return report
 
@@ -566,6 +596,10 @@ def build_parser(prog="torchlab doctor"):
         "(default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
+        "--loader", choices=("auto", *loader.BACKENDS), default=defaults.loader,
+        help="as train.py's --loader (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--decode", choices=device_decode.DECODERS, default=defaults.decode,
         help="as train.py's --decode; auto reads --autotune-file as train.py does (default: %(default)s)",
     )  # fmt: skip
@@ -577,7 +611,7 @@ def main(argv=None, prog="torchlab doctor"):
     args = build_parser(prog).parse_args(argv)
     report = run_checks(
         args.data, args.workers, args.batch_size, args.prefetch_factor, args.image_size, args.run_dir, args.processes,
-        args.autotune_file, args.decode,
+        args.autotune_file, args.decode, args.loader,
     )  # fmt: skip
     print(report.as_json() if args.json else report.as_text())
     sys.exit(report.exit_code)

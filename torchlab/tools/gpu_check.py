@@ -23,8 +23,9 @@ import torch
 import torchvision
 from torchvision.io import decode_jpeg
 
-from torchlab import config, io, loader
+from torchlab import config, io
 from torchlab.data import decode, device_decode, prepared, splits
+from torchlab.pipeline import loader
 from torchlab.tools import bench, bench_data, bench_resize
 
 DECODERS = ("cpu", "gpu")

@@ -1,6 +1,8 @@
-"""The input pipeline: worker processes, uint8 batches, the /dev/shm budget, normalising on the device.
+"""The input pipeline: decode threads or worker processes, uint8 batches, the /dev/shm budget, normalising on the
+device.
 
-build_loader(dataset, settings, device, train) is the one place a DataLoader is made: training, validation,
+build_loader(dataset, settings, device, train) is the one place a loader is made (a threads.ThreadLoader, or a
+DataLoader of worker processes, as settings.backend says): training, validation,
 --loader-only and anything that times "this project's pipeline" all call it, with a LoaderSettings.
 fit_shared_memory is the one answer to "do the batches fit in /dev/shm, and if not, what does": the loader,
 autotune and the doctor all call it. timed_pass is the one loop that reads a pass as training does and times it.
@@ -19,12 +21,14 @@ import time
 import numpy as np
 import torch
 
-from torchlab.data import sampler
+from torchlab.pipeline import sampler, threads
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 MAX_AUTO_WORKERS = 8
 MAX_WORKERS_PER_CPU = 4  # --workers N above this per usable CPU is refused: config.resolve
 DEFAULT_PREFETCH_FACTOR = 4
+DEFAULT_THREAD_BATCHES_AHEAD = 2  # the thread loader's batches decoded ahead of the one in use
+BACKENDS = ("threads", "processes")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SHM_PATH = "/dev/shm"
@@ -41,11 +45,15 @@ class SharedMemoryError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class LoaderSettings:
-    """What build_loader needs to know besides the dataset: train.py's loader flags, resolved (workers a number)."""
+    """What build_loader needs to know besides the dataset: train.py's loader flags, resolved (workers a number):
+    plan.LoaderPlan.settings makes them. backend "threads": `workers` decode threads (0: decoded in the loop)
+    and `prefetch_factor` batches decoded ahead; "processes": a DataLoader of `workers` worker processes, each
+    `prefetch_factor` batches ahead."""
 
     batch_size: int = 64
     workers: int = 0
     prefetch_factor: int = DEFAULT_PREFETCH_FACTOR
+    backend: str = "processes"
     persistent_workers: bool = True
     pin_memory: bool = None  # None: when the device is CUDA
     seed: int = 0
@@ -208,17 +216,28 @@ def fitted_workers(settings, one_batch_bytes, rank):
 
 
 def build_loader(dataset, settings, device, train, rank=0, world_size=1):
-    """The DataLoader for `dataset` (an ImageDataset) as training or validation reads it, with `settings` (a
-    LoaderSettings). loader.sampler is the EpochSampler: call loader.sampler.set_epoch(epoch, skip) before
-    each pass (batches_per_epoch(loader) counts a whole epoch's batches). Before starting workers it fits them
-    to /dev/shm (fitted_workers): a worker would otherwise die of a bus error mid-epoch.
+    """The loader for `dataset` (an ImageDataset) as training or validation reads it, with `settings` (a
+    LoaderSettings): a threads.ThreadLoader (backend "threads") or a DataLoader. loader.sampler is the
+    EpochSampler: call loader.sampler.set_epoch(epoch, skip) before each pass (batches_per_epoch(loader) counts a
+    whole epoch's batches). Before starting worker processes it fits them to /dev/shm (fitted_workers): a worker
+    would otherwise die of a bus error mid-epoch; threads need none.
     """
-    workers, prefetch_factor = fitted_workers(settings, dataset_batch_bytes(dataset, settings.batch_size), rank)
     pin_memory = device.type == "cuda" if settings.pin_memory is None else settings.pin_memory
+    epoch_sampler = sampler.EpochSampler(len(dataset), train, settings.seed, rank, world_size)
+    if settings.backend == "threads":
+        # In place where the dataset writes samples into their slots; else its own collate (--decode gpu's).
+        collate = getattr(dataset, "collate", None)
+        if collate is None and not hasattr(dataset, "write_sample"):
+            collate = collate_uint8
+        return threads.ThreadLoader(
+            dataset, settings.batch_size, epoch_sampler, settings.workers, settings.prefetch_factor,
+            pin_memory=pin_memory, drop_last=train, collate_fn=collate, device=device,
+        )  # fmt: skip
+    workers, prefetch_factor = fitted_workers(settings, dataset_batch_bytes(dataset, settings.batch_size), rank)
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=settings.batch_size,
-        sampler=sampler.EpochSampler(len(dataset), train, settings.seed, rank, world_size),
+        sampler=epoch_sampler,
         num_workers=workers,
         collate_fn=getattr(dataset, "collate", collate_uint8),
         pin_memory=pin_memory,
