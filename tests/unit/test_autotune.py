@@ -160,3 +160,31 @@ def test_a_setting_saved_before_decoders_were_tuned_still_applies_with_the_cpu_d
 
     cfg = resolved(argv)
     assert (cfg.workers, cfg.prefetch_factor, cfg.jpeg_draft, cfg.decode, cfg.autotuned) == (1, 2, False, "cpu", True)
+
+
+@pytest.mark.parametrize("started", [0.0, 6.0, 9.2])
+def test_autotune_shares_what_is_left_of_its_budget_after_the_start(sample_set, tmp_path, monkeypatch, started):
+    # Issue 30: --autotune-seconds 10 took 19.5 s. The budget counts from the process's start (`started`: torch's
+    # import, indexing), each setting gets at least MIN_SECONDS_EACH, and what cannot fit is left untried.
+    argv = ["--data", str(sample_set), "--image-size", "32", "--batch-size", "8", "--device", "cpu"]
+    argv += ["--run-dir", str(tmp_path / "run"), "--autotune-file", str(tmp_path / "autotune.json")]
+    flags = resolved([*argv, "--autotune", "--autotune-seconds", "10"])
+    monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)
+    given = []
+
+    def measured(dataset, decoder, settings, device, seconds):
+        given.append(seconds)  # what each setting is allowed; the measurement itself is not run
+        return float(settings.workers)
+
+    monkeypatch.setattr(autotune, "measure_images_per_sec", measured)
+    lines = []
+    _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    best = autotune.tune(train_index, flags, torch.device("cpu"), "key", print_line=lines.append, started=started)
+    left = 10 * (1 - autotune.BUDGET_RESERVE) - started
+    if left < autotune.MIN_SECONDS_EACH:
+        assert best is None and given == [] and "nothing saved" in lines[-1]
+        return
+    assert given and sum(given) <= left + 1e-9 and min(given) >= autotune.MIN_SECONDS_EACH
+    candidates = len(autotune.candidate_settings(2, ("cpu",)))
+    assert len(given) == min(candidates, int(left // autotune.MIN_SECONDS_EACH))
+    assert any("not tried within --autotune-seconds 10" in line for line in lines) == (len(given) < candidates)
