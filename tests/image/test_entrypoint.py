@@ -331,7 +331,7 @@ def doctor_lines(container):
 
 def test_start_log_carries_the_doctors_report(containers):
     container = containers.run()
-    wait_for(lambda: any("shm" in line for line in doctor_lines(container)), 120, "the doctor's report")
-    assert "--shm-size" not in container.logs()  # 1 GB of /dev/shm is plenty for the defaults here
+    wait_for(lambda: any("shared memory" in line for line in doctor_lines(container)), 120, "the doctor's report")
+    assert "--shm-size" not in container.logs()  # the default loader (decode threads) needs no /dev/shm
     quiet = containers.run(env={"DOCTOR_AT_START": "no"})
     assert not doctor_lines(quiet)
