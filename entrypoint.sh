@@ -60,7 +60,7 @@ source "$start_dir/40-jupyter-auth.sh"
 if [ $# -eq 0 ]; then
     shm_mb=$(($(df -Pk /dev/shm | awk 'NR == 2 {print $2}') / 1024))
     ((shm_mb >= SHM_WARN_MB)) ||
-        log "/dev/shm is only ${shm_mb} MB; multi-worker DataLoaders die of it with a bus error. Run with --shm-size=8g (or --ipc=host)."
+        log "/dev/shm is only ${shm_mb} MB: train.py's decode threads need none, but DataLoader worker processes (--loader processes, your own num_workers) die of it with a bus error; for those, run with --shm-size=8g (or --ipc=host)."
 fi
 warn_of_secrets_in_the_environment
 export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
