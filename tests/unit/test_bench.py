@@ -132,7 +132,10 @@ def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
     threads = report["pipelines"]["torchlab-threads"]
     assert threads["ready_images_per_sec"] > 0 and threads["loader"] == "threads"
     assert "collate" not in report["stages"]["torchlab-threads"]["ms_per_image"]  # written in place
-    assert all(memory["rss_mb"] > 0 for memory in report["loader_memory"].values())
+    memory = report["loader_memory"]  # each backend in a fresh process, with as many workers as threads
+    assert [memory[name]["loader"] for name in ("torchlab", "torchlab-threads")] == ["processes", "threads"]
+    assert memory["torchlab"]["workers"] == memory["torchlab-threads"]["workers"] > 0
+    assert all(backend["rss_mb"] > 0 for backend in memory.values())
     assert all(rate > 0 for rate in report["ceilings"].values()), report["ceilings"]
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
     assert "torchlab / decode-only ceiling" in capsys.readouterr().out

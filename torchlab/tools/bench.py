@@ -353,20 +353,31 @@ def process_tree_memory():
     return rss, pss
 
 
-def loader_memory(pipeline):
-    """Resident memory (RSS and PSS, MB) of this process and its workers with `pipeline`'s loader running: its
-    threads or worker processes started and its batches in flight, after a few batches."""
+def loader_memory(data_root, batch_size, backend):
+    """Resident memory (RSS and PSS, MB) of a fresh training process running train.py's loader with --loader
+    `backend`, its worker processes counted in, after a few batches. A process of its own, so that no other
+    pipeline's workers or buffers are counted."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=measure_loader_memory, args=(data_root, batch_size, backend, sender))
+    process.start()
+    sender.close()
+    try:
+        return receiver.recv()
+    except EOFError:
+        raise RuntimeError(f"the {backend} loader's memory measurement exited with {process.exitcode}") from None
+    finally:
+        process.join()
+
+
+def measure_loader_memory(data_root, batch_size, backend, sender):
+    torch.set_num_threads(1)  # as in the bench's own process
+    pipeline = torchlab_pipeline(backend, data_root, batch_size, torch.device("cpu"), backend=backend)
     batches = iter(pipeline.loader)
     for _ in zip(range(3), batches, strict=False):
         pass
     rss, pss = process_tree_memory()
-    del batches
-    return {
-        "loader": pipeline.backend,
-        "workers": pipeline.workers,
-        "rss_mb": rss / loader.MB,
-        "pss_mb": pss / loader.MB,
-    }
+    sender.send({"loader": backend, "workers": pipeline.workers, "rss_mb": rss / loader.MB, "pss_mb": pss / loader.MB})
 
 
 def warm_page_cache(paths):
@@ -441,8 +452,8 @@ def report_lines(report):
         stages = ", ".join(f"{stage} {ms:.2f}" for stage, ms in timing["ms_per_image"].items())
         lines.append(f"  {name:<{NAME_WIDTH}} {stages}  -> {timing['limit']}")
     lines += [
-        f"resident memory with the loader running, {name} ({memory['workers']} {memory['loader']}): RSS "
-        f"{memory['rss_mb']:.0f} MB, PSS {memory['pss_mb']:.0f} MB (this process and its workers)"
+        f"resident memory of a training process with the loader running, {name} ({memory['workers']} "
+        f"{memory['loader']}): RSS {memory['rss_mb']:.0f} MB, PSS {memory['pss_mb']:.0f} MB (with its workers)"
         for name, memory in report.get("loader_memory", {}).items()
     ]
     memory = report["worker_memory"]
@@ -613,7 +624,9 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "consumer": {"seconds_per_batch": consumer_seconds, "images_per_sec": batch_size / consumer_seconds},
         "stages": stages,
         "worker_memory": memory_measurements(prepared_root),
-        "loader_memory": {name: loader_memory(pipelines[name]) for name in ("torchlab", THREADS)},
+        "loader_memory": {
+            name: loader_memory(data_root, batch_size, pipelines[name].backend) for name in ("torchlab", THREADS)
+        },
     }
     json_path, png_path = io.write_json_report(out_dir, "bench.json", report), os.path.join(out_dir, "bench.png")
     plot(report, png_path)
