@@ -9,6 +9,9 @@ over --repetitions after a warm-up pass:
   torchlab           train.py's default pipeline, as --loader-only runs it (decode.ImageDataset,
                      loader.build_loader, loader.BatchToDevice)
   torchlab-prepared  the same on a prepared copy (torchlab prepare) of the files
+  own-create_loader  a user's own Dataset of the usual kind (paths in __init__, Image.open and a resize to 224 px
+                     in __getitem__) through torchlab.pipeline.create_loader, the public way in
+  own-DataLoader     the same Dataset through the DataLoader a user sets by hand: classic's settings
   torchlab-gpu-decode  where CUDA is present: torchlab with --decode gpu (the workers read the files; the GPU
                      decodes, crops, resizes and normalises each batch: its device step)
 
@@ -45,7 +48,7 @@ from torchvision import transforms
 
 from torchlab import config, io
 from torchlab.data import decode, device_decode, folder, prepared, splits
-from torchlab.pipeline import loader, plan, sampler
+from torchlab.pipeline import loader, plan, public, sampler
 from torchlab.tools import bench_data
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
@@ -60,6 +63,7 @@ MAIN_PROCESS_STAGES = ("transfer", "device step")
 READY_SUFFIX = ":ready"
 GPU_DECODE = "torchlab-gpu-decode"  # a row only where CUDA is present
 THREADS, THREADS_PREPARED = "torchlab-threads", "torchlab-threads-prepared"  # --loader threads
+OWN_CREATE_LOADER, OWN_DATALOADER = "own-create_loader", "own-DataLoader"  # a user's own Dataset
 NAME_WIDTH = len("torchlab-threads-prepared")  # the report's column of row names fits the longest
 
 
@@ -117,6 +121,46 @@ class CopyToDevice:
         """As loader.BatchToDevice.batches, for (images, labels) batches (ImageFolder has no unreadable ones)."""
         for images, labels in loader_batches:
             yield (*self(images, labels), [])
+
+
+class OwnPhotos(torch.utils.data.Dataset):
+    """A user's own Dataset of the usual kind: paths in __init__, Image.open and a fixed-size resize in
+    __getitem__, (uint8 HWC array, label) out."""
+
+    def __init__(self, paths, labels, image_size):
+        self.paths, self.labels, self.image_size = paths, labels, image_size
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with Image.open(self.paths[i]) as image:
+            return np.asarray(image.convert("RGB").resize((self.image_size, self.image_size))), int(self.labels[i])
+
+
+class OwnBatchToDevice(loader.BatchToDevice):
+    """train.py's device step (uint8 to normalised float) for (images, labels[, ...]) batches of a user's loader."""
+
+    def batches(self, loader_batches):
+        for images, labels, *_ in loader_batches:
+            yield (*self(images, labels), [])
+
+
+def own_dataset_pipelines(data_root, batch_size, device, workers):
+    """A user's own Dataset through create_loader (the plan it prints, silenced) and through a DataLoader with
+    classic's settings (`workers`, pin_memory, prefetch_factor=2, persistent workers)."""
+    _, train_index, _ = splits.load_splits(data_root, 0.0, 0)
+    paths = [train_index.path(position) for position in range(len(train_index))]
+    dataset = OwnPhotos(paths, train_index.labels, config.DEFAULTS.image_size)
+    tuned = public.create_loader(dataset, batch_size, device=device.type, print_plan=None)
+    seed_settings = {"pin_memory": True, "prefetch_factor": 2, "persistent_workers": True}
+    by_hand = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **seed_settings
+    )
+    return {
+        OWN_CREATE_LOADER: Pipeline(OWN_CREATE_LOADER, tuned, OwnBatchToDevice(device), tuned.plan.workers),
+        OWN_DATALOADER: Pipeline(OWN_DATALOADER, by_hand, OwnBatchToDevice(device), workers),
+    }
 
 
 def torchlab_settings(batch_size, backend="auto"):
@@ -257,6 +301,15 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
                 stages["transfer"] = 1 / transport_rates["uint8"]
         device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
         stages["device step"] = device_step / len(batch)
+        result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
+    for name in (OWN_CREATE_LOADER, OWN_DATALOADER):
+        dataset = pipelines[name].loader.dataset
+        dataset = getattr(dataset, "dataset", dataset)  # create_loader's view of it
+        getitem_seconds, samples = seconds_per_item(dataset.__getitem__, range(min(STAGE_SAMPLES, len(dataset))))
+        batch = torch.from_numpy(np.stack([image for image, _ in samples[:batch_size]]))
+        labels = torch.tensor([label for _, label in samples[:batch_size]])
+        device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
+        stages = {"your __getitem__": getitem_seconds, "device step": device_step / len(batch)}
         result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
     for timing in result.values():
         workers = timing["workers"]
@@ -510,6 +563,7 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
         ),  # fmt: skip
         THREADS: torchlab_pipeline(THREADS, data_root, batch_size, device, backend="threads"),
         THREADS_PREPARED: torchlab_pipeline(THREADS_PREPARED, prepared_root, batch_size, device, backend="threads"),
+        **own_dataset_pipelines(data_root, batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)),
     }
     if device.type == "cuda" if gpu_decode is None else gpu_decode:  # --decode gpu: the workers read, the GPU decodes
         pipelines[GPU_DECODE] = torchlab_pipeline(GPU_DECODE, data_root, batch_size, device, decoder="gpu")
