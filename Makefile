@@ -128,7 +128,7 @@ bench: image ## compare input pipelines (naive, classic, torchlab: processes and
 		-v $(CURDIR)/.cache/bench:/cache --entrypoint torchlab $(IMAGE) \
 		bench --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
 
-gpu-check: image ## on a GPU host, ~2 min, never in CI: --decode cpu vs gpu (decode, ResNet-50 AMP), PSNR, streams; .cache/gpu-check/results
+gpu-check: image ## on a GPU host, ~10 min, never in CI: loaders and decoders against threads/workers, the model-only ceiling, training as a share of it, --compile, PSNR, streams; .cache/gpu-check/results
 	mkdir -p .cache/gpu-check
 	$(DOCKER_CLI) run --rm --gpus all --user $$(id -u):$$(id -g) --shm-size=8g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
 		-v $(CURDIR)/.cache/gpu-check:/cache --entrypoint torchlab $(IMAGE) \

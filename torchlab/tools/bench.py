@@ -163,19 +163,19 @@ def own_dataset_pipelines(data_root, batch_size, device, workers):
     }
 
 
-def torchlab_settings(batch_size, backend="auto"):
+def torchlab_settings(batch_size, backend="auto", workers="auto"):
     """train.py's defaults, resolved by the loader plan as train.py resolves them (--workers auto with no saved
-    autotune setting, /dev/shm left out: the bench gives it 2 GB), but for batch_size and --loader `backend`:
-    (LoaderSettings, image size, JPEG draft)."""
-    asked = dataclasses.replace(config.asked_loader(config.DEFAULTS), loader=backend)
+    autotune setting, /dev/shm left out: the bench gives it 2 GB), but for batch_size, --loader `backend` and
+    --workers `workers`: (LoaderSettings, image size, JPEG draft)."""
+    asked = dataclasses.replace(config.asked_loader(config.DEFAULTS), loader=backend, workers=workers)
     used = plan.plan_loader(asked, None, loader.usable_cpu_count(), None, 0)
     return used.settings(batch_size, config.DEFAULTS.seed), config.DEFAULTS.image_size, used.jpeg_draft
 
 
-def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu", backend="auto"):
-    """train.py's training loader with --decode `decoder` and --loader `backend`, built by the same calls as
-    train.py makes."""
-    settings, image_size, jpeg_draft = torchlab_settings(batch_size, backend)
+def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu", backend="auto", workers="auto"):
+    """train.py's training loader with --decode `decoder`, --loader `backend` and --workers `workers`, built by
+    the same calls as train.py makes."""
+    settings, image_size, jpeg_draft = torchlab_settings(batch_size, backend, workers)
     _, train_index, _ = splits.load_splits(data_root, config.DEFAULTS.val_fraction, settings.seed)
     dataset = device_decode.make_dataset(decoder, train_index, image_size, True, settings.seed, jpeg_draft)
     data_loader = loader.build_loader(dataset, settings, device, train=True)
