@@ -6,26 +6,29 @@ import hashlib
 import uuid
 import zipfile
 
-from helpers.docker import docker
+from helpers.docker import IMAGE, docker
 from helpers.jupyter import TOKEN, execute
 from helpers.ssh import ssh
 
 
-def build_wheel(folder, name, value):
+SIX_VERSION = "import six; print(six.__version__)"
+
+
+def build_wheel(folder, name, value, version="1.0"):
     """A minimal pure-Python wheel, made here so the test needs no package index."""
+    info = f"{name}-{version}.dist-info"
     files = {
-        f"{name}/__init__.py": f"VALUE = {value!r}\n",
-        f"{name}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
-        f"{name}-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: torchlab-test\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
+        f"{name}/__init__.py": f"VALUE = {value!r}\n__version__ = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: torchlab-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = [
         f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
         f"{len(text.encode())}"
         for path, text in files.items()
     ]
-    files[f"{name}-1.0.dist-info/RECORD"] = "\n".join([*record, f"{name}-1.0.dist-info/RECORD,,"]) + "\n"
-    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         for path, text in files.items():
             archive.writestr(path, text)
@@ -54,6 +57,31 @@ def test_user_installs_and_venvs_survive_re_creation(containers, ssh_key, tmp_pa
         assert execute(second, probe).strip() == value
         venv = ssh(second, ssh_key[0], "/workspace/venvs/mine/bin/python -c 'import sys; print(sys.prefix)'")
         assert venv.stdout.strip() == "/workspace/venvs/mine"
+    finally:
+        containers.remove_all()
+        docker("volume", "rm", "-f", volume, check=False)
+
+
+def test_a_package_the_image_ships_can_be_changed_by_the_user(containers, ssh_key, tmp_path):
+    """pip install over a package of the image's env lands on /workspace, is the one imported (SSH, a kernel),
+    outlives the container and leaves the image's env as it was."""
+    volume = "torchlab-test-work-" + uuid.uuid4().hex[:8]
+    image_version = docker("run", "--rm", "--entrypoint", "python", IMAGE, "-c", SIX_VERSION).stdout.strip()
+    wheel = build_wheel(tmp_path, "six", "the user's", version="99.0")
+    env = {"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]}
+    try:
+        first = containers.run("-v", f"{volume}:/workspace", env=env)
+        docker("cp", str(wheel), f"{first.name}:/tmp/")
+        ssh(first, ssh_key[0], f"pip install --no-index /tmp/{wheel.name}", timeout=120)  # as the user: --user
+        docker("rm", "-f", first.name)
+
+        second = containers.run("-v", f"{volume}:/workspace", env=env)
+        assert ssh(second, ssh_key[0], f"python -c '{SIX_VERSION}'").stdout.strip() == "99.0"
+        assert execute(second, SIX_VERSION).strip() == "99.0"
+        shadowed = ssh(second, ssh_key[0], "torchlab doctor --data /nonexistent", check=False).stdout
+        assert f"six {image_version} (image) is shadowed by 99.0 in /workspace/.local/" in shadowed
+        # The image's env is untouched: root (docker exec) has no user site, and reads the image's own.
+        assert docker("exec", second.name, "python", "-c", SIX_VERSION).stdout.strip() == image_version
     finally:
         containers.remove_all()
         docker("volume", "rm", "-f", volume, check=False)
