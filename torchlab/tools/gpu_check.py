@@ -13,20 +13,22 @@ A table on stdout and OUT_DIR/gpu_check.json. --device cpu is a dry run of the s
 """
 
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import torch
 import torchvision
 from torchvision.io import decode_jpeg
 
-from torchlab import config, io
-from torchlab.data import decode, device_decode, prepared, splits
-from torchlab.pipeline import loader
-from torchlab.tools import bench, bench_data, bench_resize
+from torchlab import cli, config, io, resolve
+from torchlab.data import decode, prepared, splits
+from torchlab.pipeline import device_decode, loader
+from torchlab.tools import bench, bench_data
 
 DECODERS = ("cpu", "gpu")
 STREAM_CHECK_ROUNDS = 20
@@ -54,10 +56,20 @@ def training_rates(data_root, args, print_line):
     results = {}
     for decoder in DECODERS if args.device == "cuda" else ("cpu",):  # train.py refuses --decode gpu without CUDA
         with tempfile.TemporaryDirectory() as run_dir:
-            command = [sys.executable, "-m", "torchlab", "train", "--data", data_root, "--run-dir", run_dir,
-                       "--arch", args.arch, "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
-                       "--log-interval", str(max(1, args.steps // 5)), "--epochs", "1000", "--device",
-                       args.device, "--decode", decoder, "--resume", "none"]  # fmt: skip
+            flags = {
+                "--data": data_root,
+                "--run-dir": run_dir,
+                "--arch": args.arch,
+                "--batch-size": args.batch_size,
+                "--max-steps": args.steps,
+                "--log-interval": max(1, args.steps // 5),
+                "--epochs": 1000,
+                "--device": args.device,
+                "--decode": decoder,
+                "--resume": "none",
+            }
+            train_flags = [str(part) for flag in flags.items() for part in flag]
+            command = [sys.executable, "-m", "torchlab", "train", *train_flags]
             finished = subprocess.run(command, capture_output=True, text=True, check=False)
             if finished.returncode != 0:
                 raise RuntimeError(f"train.py --decode {decoder} failed: {finished.stderr.strip()[-500:]}")
@@ -68,9 +80,17 @@ def training_rates(data_root, args, print_line):
             "images_per_sec": statistics.median(record["images_per_sec"] for record in intervals),
             "data_wait_frac": statistics.median(record["data_wait_frac"] for record in intervals),
         }
-        print_line(f"training: {args.arch} --decode {decoder}: {results[decoder]['images_per_sec']:.0f} images/s, "
-                   f"data wait {results[decoder]['data_wait_frac']:.1%}")  # fmt: skip
+        print_line(
+            f"training: {args.arch} --decode {decoder}: {results[decoder]['images_per_sec']:.0f} images/s, "
+            f"data wait {results[decoder]['data_wait_frac']:.1%}"
+        )
     return results
+
+
+def psnr(image, reference):
+    """Peak signal-to-noise ratio of `image` against `reference` (uint8 arrays), in dB; inf when identical."""
+    error = np.mean((np.asarray(image, dtype=np.float64) - np.asarray(reference, dtype=np.float64)) ** 2)
+    return math.inf if error == 0 else 10 * math.log10(255**2 / error)
 
 
 def crop_agreement(data_root, samples, image_size, device):
@@ -86,7 +106,7 @@ def crop_agreement(data_root, samples, image_size, device):
     normalised, _ = to_device(batch, labels)
     gpu_levels = (normalised * to_device.std + to_device.mean).clamp(0, 255).cpu()  # back to 0-255 levels
     cpu_levels = cpu_images.permute(0, 3, 1, 2)
-    values = [bench_resize.psnr(gpu, cpu) for gpu, cpu in zip(gpu_levels, cpu_levels, strict=True)]
+    values = [psnr(gpu, cpu) for gpu, cpu in zip(gpu_levels, cpu_levels, strict=True)]
     return {"samples": len(values), "min_db": min(values), "median_db": statistics.median(values)}
 
 
@@ -127,43 +147,56 @@ def print_line(line):
 
 def report_lines(report):
     versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
-    lines = [f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images; "
-             f"{versions}; CPU path decodes with {report['cpu_decoder']}"]  # fmt: skip
+    lines = [
+        f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images; "
+        f"{versions}; CPU path decodes with {report['cpu_decoder']}"
+    ]
     lines += [f"  {name:<28} {rate:>9.0f} images/s" for name, rate in report["decode"].items()]
     for decoder, result in report["training"].items():
-        lines.append(f"  {report['arch']} AMP --decode {decoder:<5} {result['images_per_sec']:>9.0f} images/s, "
-                     f"data wait {result['data_wait_frac']:.1%}")  # fmt: skip
+        lines.append(
+            f"  {report['arch']} AMP --decode {decoder:<5} {result['images_per_sec']:>9.0f} images/s, "
+            f"data wait {result['data_wait_frac']:.1%}"
+        )
     if not report["streams"]["wrong"]:
         lines.append("  streams: not checked (no CUDA)")
     for name, wrong in report["streams"]["wrong"].items():
-        lines.append(f"  streams: {name}: {wrong} of {report['streams']['rounds']} rounds changed the training "
-                     "stream's data")  # fmt: skip
+        lines.append(
+            f"  streams: {name}: {wrong} of {report['streams']['rounds']} rounds changed the training stream's data"
+        )
     agreement = report["agreement"]
-    lines.append(f"  GPU vs CPU crops: PSNR min {agreement['min_db']:.1f} dB, median {agreement['median_db']:.1f} dB "
-                 f"over {agreement['samples']} samples")  # fmt: skip
+    lines.append(
+        f"  GPU vs CPU crops: PSNR min {agreement['min_db']:.1f} dB, median {agreement['median_db']:.1f} dB "
+        f"over {agreement['samples']} samples"
+    )
     return lines
 
 
 def build_parser(prog):
-    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=bench_data.image_count, default=4000, help="generated images (default: 4000)")
-    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="where the images and their prepared copy "
-                        f"are kept (default: {DEFAULT_CACHE_DIR})")  # fmt: skip
+    parser.add_argument(
+        "--cache-dir",
+        default=DEFAULT_CACHE_DIR,
+        help=f"where the images and their prepared copy are kept (default: {DEFAULT_CACHE_DIR})",
+    )
     parser.add_argument("--out-dir", default="gpu-check", help="where gpu_check.json goes (default: gpu-check)")
-    parser.add_argument("--batch-size", type=config.positive_int, default=128, help="(default: 128)")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=128, help="(default: 128)")
     parser.add_argument("--arch", default="resnet50", help="the model trained (default: resnet50)")
-    parser.add_argument("--steps", type=config.positive_int, default=150, help="training steps per decoder "
-                        "(default: 150)")  # fmt: skip
-    parser.add_argument("--samples", type=config.positive_int, default=200, help="crops compared (default: 200)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda; cpu: a dry run of the script (no GPU figures) (default: cuda)")  # fmt: skip
+    parser.add_argument("--steps", type=cli.positive_int, default=150, help="training steps per decoder (default: 150)")
+    parser.add_argument("--samples", type=cli.positive_int, default=200, help="crops compared (default: 200)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cuda; cpu: a dry run of the script (no GPU figures) (default: cuda)",
+    )
     return parser
 
 
 def main(argv=None, prog="torchlab gpu-check"):
     args = build_parser(prog).parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        io.exit_with_error(prog, f"{config.NO_CUDA_DEVICE}; --device cpu is a dry run")
+        io.exit_with_error(prog, f"{resolve.NO_CUDA_DEVICE}; --device cpu is a dry run")
     if args.images < args.batch_size:
         io.exit_with_error(prog, f"--images {args.images}: fewer than one batch (--batch-size {args.batch_size})")
     device = torch.device(args.device)
@@ -172,7 +205,7 @@ def main(argv=None, prog="torchlab gpu-check"):
     data_root = os.path.join(cache_dir, f"images-{args.images}")
     print(f"generating {args.images} images in {data_root} and a prepared copy (once) ...", flush=True)
     bench_data.write_bench_data(data_root, args.images)
-    prepared.prepare(data_root, data_root + ".prepared")
+    prepared.prepare(data_root, data_root + ".prepared", processes=loader.usable_cpu_count())
     report = {
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU (dry run)",
         "usable_cpus": loader.usable_cpu_count(),
@@ -182,7 +215,7 @@ def main(argv=None, prog="torchlab gpu-check"):
         "arch": args.arch,
         "decode": decode_rates(
             {"raw": data_root, "prepared": data_root + ".prepared"}, args.batch_size, device, 2, print_line
-        ),  # fmt: skip
+        ),
         "training": training_rates(data_root, args, print_line),
         "agreement": crop_agreement(data_root, args.samples, config.DEFAULTS.image_size, device),
         "streams": stream_check(data_root, args.batch_size, device) if device.type == "cuda" else {"wrong": {}},
