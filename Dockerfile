@@ -149,7 +149,8 @@ RUN --mount=type=bind,from=package,source=/wheels,target=/tmp/wheels \
     PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
     /opt/env/bin/pip install --no-deps --no-cache-dir /tmp/wheels/torchlab-*.whl
 COPY train.py /opt/torchlab/train.py
-COPY docs/training.md /opt/torchlab/README.md
+COPY README.md LICENSE /opt/torchlab/
+COPY docs/ /opt/torchlab/docs/
 COPY notebooks/ /opt/torchlab/notebooks/
 COPY start/ /usr/local/lib/torchlab/start/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh

@@ -88,7 +88,7 @@ class TrainConfig:
         "threads: decode threads in the training process write each sample into a reused batch buffer (nothing "
         "through /dev/shm); processes: DataLoader worker processes, whose batches pass through /dev/shm; auto: "
         "threads where /dev/shm is too small for the workers' batches, else what torchlab autotune saved, else "
-        f"{DEFAULT_BACKEND} (faster in make bench on a 2-CPU machine: docs/training.md) (default: auto)",
+        f"{DEFAULT_BACKEND} (faster on a 2-CPU machine: docs/performance.md) (default: auto)",
         choices=("auto", *BACKENDS),
     )
     jpeg_draft: bool = flag(
@@ -212,7 +212,7 @@ DEFAULTS = TrainConfig()
 
 DESCRIPTION = (
     "Train a torchvision classifier on an ImageFolder. Rerunning the same command resumes from the newest "
-    "checkpoint in --run-dir. In the image, /opt/torchlab/README.md tells more."
+    "checkpoint in --run-dir. In the image, /opt/torchlab/docs/training.md tells more."
 )
 
 

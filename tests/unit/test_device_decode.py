@@ -1,4 +1,4 @@
-"""--decode gpu's pipeline (data.device_decode), run on the CPU: the workers send encoded files and the
+"""--decode gpu's pipeline (pipeline/device_decode.py), run on the CPU: the workers send encoded files and the
 augmentation drawn for them, DeviceDecoder decodes (torchvision's decode_jpeg, here its CPU decoder; on a GPU
 nvJPEG, which `make gpu-check` measures), crops, resizes, flips and normalises. It must give what --decode cpu
 gives for the same (seed, epoch, position), fall back to the CPU for files the device does not decode, and

@@ -297,7 +297,7 @@ class BatchToDevice:
 
     def take_unreadable(self):
         """Positions of samples this step found unreadable since the last call: none here (the workers find
-        them); data.device_decode.DeviceDecoder, which decodes, can find some."""
+        them); device_decode.DeviceDecoder, which decodes, can find some."""
         return []
 
     def batches(self, loader_batches):

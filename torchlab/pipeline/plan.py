@@ -7,8 +7,8 @@ start line, metrics.jsonl's first record and config.json.
 
 --loader auto: threads wherever /dev/shm is too small for the worker processes' batches; else what torchlab
 autotune saved; else config.DEFAULT_BACKEND, the one `make bench` measured faster on a 2-CPU machine of this
-kind (decode threads share one process's memory and pass nothing through /dev/shm: docs/training.md gives the
-figures).
+kind (decode threads share one process's memory and pass nothing through /dev/shm: docs/performance.md gives
+the figures).
 """
 
 import dataclasses
