@@ -49,7 +49,7 @@ STOP_COMMAND = $(strip make stop $(foreach v,IMAGE CONTAINER DOCKER,$(if $(filte
 SUB_MAKE = $(MAKE) --no-print-directory DOCKER=$(DOCKER_CLI) CA_BUNDLE=$(CA_BUNDLE_FILE)
 
 .DEFAULT_GOAL := help
-.PHONY: help build base-debian image run stop compose-up compose-down multinode bench bench-resize gpu-check tag push shell test test-static test-unit \
+.PHONY: help build base-debian image run stop compose-up compose-down multinode bench gpu-check tag push shell test test-static test-unit \
 	test-image lint export-env clean
 
 help: ## show this help
@@ -134,26 +134,6 @@ gpu-check: image ## on a GPU host, ~10 min, never in CI: loaders and decoders ag
 		-v $(CURDIR)/.cache/gpu-check:/cache --entrypoint torchlab $(IMAGE) \
 		gpu-check --cache-dir /cache --out-dir /cache/results
 
-# As root in a throwaway container, nothing of it in the image: Debian's compiler and headers, Pillow-SIMD built
-# from source for the image's Pillow release (it replaces PIL, so only on the child's PYTHONPATH) and OpenCV
-# (4.11: built for numpy 1.x and 2.x; --no-deps keeps the env's numpy), then the image's torchlab.
-bench-resize: image ## time resizing crops to 224 px (Pillow, torch, OpenCV, Pillow-SIMD), PSNR vs Pillow; .cache/bench/results/bench_resize.json
-	mkdir -p .cache/bench
-	$(DOCKER_CLI) run --rm --user 0 -e HOST_OWNER=$$(id -u):$$(id -g) -e PYTHONDONTWRITEBYTECODE=1 \
-		$(if $(CA_BUNDLE_FILE),-v $(CA_BUNDLE_FILE):/tmp/ca.crt:ro -e PIP_CERT=/tmp/ca.crt) \
-		-v $(CURDIR)/.cache/bench:/cache --entrypoint bash $(IMAGE) -c 'set -euo pipefail; \
-		ca=(); if [ -f /tmp/ca.crt ]; then ca=(-o Acquire::https::CAInfo=/tmp/ca.crt); fi; \
-		apt-get "$${ca[@]}" update -qq; \
-		DEBIAN_FRONTEND=noninteractive apt-get "$${ca[@]}" install -y -qq --no-install-recommends \
-			gcc libc6-dev libjpeg62-turbo-dev zlib1g-dev >/dev/null; \
-		pillow=$$(python -c "import PIL; print(PIL.__version__)"); \
-		pip install -q --no-cache-dir --root-user-action=ignore --target /tmp/simd "pillow-simd==$$pillow.*"; \
-		pip install -q --no-cache-dir --root-user-action=ignore --no-deps --target /tmp/cv \
-			opencv-python-headless==4.11.0.86; \
-		mkdir -p /cache/results; \
-		PYTHONPATH=/tmp/cv torchlab bench-resize --pillow-simd /tmp/simd --out-dir /cache/results; \
-		chown -R "$$HOST_OWNER" /cache/results'
-
 # What is inside the image, e.g. py310-cu118: the start of its tags and lock file names.
 INSIDE = $(DOCKER_CLI) run --rm --entrypoint python $(IMAGE) -c 'import sys, torch; \
 	print("py%d%d-cu%s" % (*sys.version_info[:2], (torch.version.cuda or "cpu").replace(".", "")))'
@@ -173,7 +153,7 @@ shell: ## a shell in a throwaway container, as the user
 
 lint: $(VENV)/.done ## hadolint, shellcheck, ruff
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck -x entrypoint.sh start/*.sh config/*.sh .ci/run tools/detect-build
+	$(VENV)/bin/shellcheck -x entrypoint.sh start/*.sh config/*.sh .ci/run tools/detect-build benchmarks/*.sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
@@ -182,9 +162,9 @@ test: lint test-static build test-unit test-image ## lint, static checks, build,
 test-static: $(VENV)/.done ## checks that need no build: env pins, Dockerfile, k8s manifests, tools/detect-build
 	$(VENV)/bin/pytest tests/static
 
-test-unit: ## the torchlab package's tests, on the CPU, inside the image (on the sources in this folder)
+test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside the image (on the sources in this folder)
 	$(DOCKER_CLI) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
-		python -m pytest -p no:cacheprovider tests/unit
+		python -m pytest -p no:cacheprovider tests/unit benchmarks
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
 	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) $(VENV)/bin/pytest -s tests/image

@@ -1,15 +1,20 @@
 """torchlab: train torchvision classifiers from a mounted ImageFolder with a loader near the machine's limit.
 
+Layers, each importing only those before it: cli -> config -> core -> tools.
+
+cli.py              argument types, the parser whose errors are one line, the `torchlab` command table
+config.py           train.py's flags: declared once (TrainConfig), their defaults, help and checks (no torch)
+resolve.py          what "auto" and the flags' checks need from the machine: CUDA, CPUs, checkpoints, the plan
 train.py            main(): flags, data, model, run dir, then train_one_epoch / evaluate per epoch
-config.py           train.py's flags, their checks, and the values "auto" resolves to
-loader.py           build_loader (the one DataLoader), the /dev/shm budget, --workers auto, BatchToDevice
 checkpoint.py       what a checkpoint holds, writing it atomically, restoring it, keeping the newest
 metrics.py          progress lines, metrics.jsonl and TensorBoard
 model.py, optim.py  the torchvision model, its weights; the optimiser and schedule
 distributed.py      torchrun's processes
 io.py               atomic writes; bad input as one line and exit 2
-data/               folder (the ImageFolder index), decode (crop, resize, ImageDataset), sampler,
-                    prepared (the packed copy), splits (open either)
-tools/              doctor, bench (+ bench_data), autotune, sample_data
-__main__.py         the `torchlab` command: train, doctor, bench, prepare, sample-data, autotune
+data/               folder (the ImageFolder index), decode (crop, resize, ImageDataset), prepared (the packed
+                    copy), splits (open either)
+pipeline/           loader (build_loader, /dev/shm), threads, sampler, device_decode (the device step), plan,
+                    settings (autotune's store), public (create_loader for a user's Dataset)
+tools/              commands over the core: doctor, bench (+ bench_data), autotune, gpu_check, prepare,
+                    sample_data
 """

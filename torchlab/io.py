@@ -8,7 +8,6 @@ publish_folder does the same for a generated folder (sample data, benchmark data
 name, marked complete, renamed into place.
 """
 
-import argparse
 import contextlib
 import json
 import os
@@ -18,7 +17,7 @@ import sys
 import tempfile
 
 USAGE_ERROR_STATUS = 2  # argparse's convention for bad input
-TEMP_NAME = re.compile(r"\..+[.-]\d+\.tmp")  # also .checkpoint-PID.tmp, the name before 0.3
+TEMP_NAME = re.compile(r"\..+[.-]\d+\.tmp")  # .NAME.PID.tmp, and .NAME-PID.tmp (.checkpoint-PID.tmp)
 # Written last into a folder that publish_folder makes; hidden, so never taken for a class of an ImageFolder.
 COMPLETE_MARKER = ".sample-data.json"
 
@@ -58,13 +57,6 @@ def writable_folder(prog, path, label):
         exit_with_error(prog, f"{label}: {reason}")
     os.makedirs(path, exist_ok=True)
     return path
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse, but its errors are one line (no usage block), like every other input error here."""
-
-    def error(self, message):
-        exit_with_error(self.prog, f"{message} (see --help)")
 
 
 def fsync_directory(path):

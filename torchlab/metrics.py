@@ -33,8 +33,16 @@ LINE_FIELDS = (
 
 # What TensorBoard shows: these fields of the interval and epoch records, as "<section>/<field>" at the record's step.
 TENSORBOARD_FIELDS = (
-    "loss", "accuracy", "val_loss", "val_accuracy", "lr", "images_per_sec", "data_wait_frac", "gpu_util", "gpu_mem_gb",
-)  # fmt: skip
+    "loss",
+    "accuracy",
+    "val_loss",
+    "val_accuracy",
+    "lr",
+    "images_per_sec",
+    "data_wait_frac",
+    "gpu_util",
+    "gpu_mem_gb",
+)
 TENSORBOARD_SECTIONS = {"interval": "train", "epoch": "epoch"}
 
 

@@ -20,10 +20,10 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from torchlab import config, distributed, io, metrics, model, optim
+from torchlab import config, distributed, io, metrics, model, optim, resolve
 from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
-from torchlab.data import decode, device_decode, folder, splits
-from torchlab.pipeline import loader, sampler, settings
+from torchlab.data import decode, folder, splits
+from torchlab.pipeline import device_decode, loader, sampler
 
 BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the log and in the error when there are too many
 BAD_IMAGES_FILE = "bad_images.txt"  # in the run directory: every unreadable file of the run, with the reason
@@ -144,12 +144,16 @@ def build_training(cfg, network, steps_per_epoch, device, processes):
         train_model = DistributedDataParallel(forward_model, device_ids=device_ids)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
     return Training(
-        network=network, forward_model=forward_model, train_model=train_model, optimizer=optimizer,
-        scheduler=scheduler, scaler=torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
+        network=network,
+        forward_model=forward_model,
+        train_model=train_model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
         criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
         autocast=functools.partial(torch.autocast, device.type, dtype=amp_dtype, enabled=amp_dtype is not None),
         to_device=device_decode.make_device_step(cfg.decode, device, cfg.image_size),
-    )  # fmt: skip
+    )
 
 
 def train_step(training, images, labels, meters):
@@ -195,9 +199,9 @@ def train_one_epoch(training, train_loader, position, run):
         position.global_step += 1
         log.step()
         if position.global_step % cfg.log_interval == 0:
-            record = {"kind": "interval", "epoch": position.epoch, "step": position.global_step,
-                      **interval_meter.summary(processes)}  # fmt: skip
-            log.interval({**record, "lr": training.scheduler.get_last_lr()[0], **metrics.gpu_stats(device)})
+            record = {"kind": "interval", "epoch": position.epoch, "step": position.global_step}
+            record.update(interval_meter.summary(processes), lr=training.scheduler.get_last_lr()[0])
+            log.interval({**record, **metrics.gpu_stats(device)})
             run.bad_images.check(epoch_meter.summary(processes)["bad_images"], position.epoch, cfg, log)
             interval_meter = metrics.Meter(device)
         if position.step_in_epoch < steps_per_epoch and should_stop(run.stop, position.global_step, cfg, processes):
@@ -249,8 +253,8 @@ class Run:
 
 def start_training(cfg, network, steps_per_epoch, device, processes):
     """(Training, CheckpointManager, the Position to start at): restored from the checkpoint --resume picked, if
-    any. main() calls it before the run directory is touched, so that a checkpoint whose states do not fit this
-    run (CheckpointReadError) changes nothing there."""
+    any. It writes nothing, so that a checkpoint whose states do not fit this run (CheckpointReadError) leaves the
+    run directory as it was."""
     training = build_training(cfg, network, steps_per_epoch, device, processes)
     checkpoints = CheckpointManager(cfg.run_dir, cfg.keep_checkpoints, training.components(), dataclasses.asdict(cfg))
     position = Position() if cfg.resume_path is None else checkpoints.restore(cfg.resume_path)
@@ -270,8 +274,8 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
         if record is None:
             path = run.save(position)
             if path is not None:
-                log.print(f"stopped by {stop_reason(stop, position.global_step, cfg)} at epoch {position.epoch}, "
-                          f"step {position.global_step}: saved {path}")  # fmt: skip
+                reason = stop_reason(stop, position.global_step, cfg)
+                log.print(f"stopped by {reason} at epoch {position.epoch}, step {position.global_step}: saved {path}")
             return
         bad_images.check(record["bad_images"], position.epoch, cfg, log)  # over the limit: reports, then raises
         bad_images.report(position.epoch, log)
@@ -283,8 +287,10 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
     if position.epoch >= cfg.epochs:
         log.print(f"finished --epochs {cfg.epochs} at step {position.global_step}")
     elif cfg.max_steps is not None and first_step >= cfg.max_steps:
-        log.print(f"nothing to do: the run had already reached --max-steps {cfg.max_steps} at step {first_step} "
-                  "(a larger --max-steps continues it)")  # fmt: skip
+        log.print(
+            f"nothing to do: the run had already reached --max-steps {cfg.max_steps} at step {first_step} "
+            "(a larger --max-steps continues it)"
+        )
     else:  # stopped at the loop's head: at an epoch's end, or before this start's first step
         between_epochs = position.epoch > 0 and position.step_in_epoch == 0
         where = f"after epoch {position.epoch - 1}" if between_epochs else f"at epoch {position.epoch}"
@@ -297,8 +303,8 @@ def measure_loader(train_loader, cfg, device, processes, log, stop):
     timing = loader.timed_pass(train_loader, to_device, device, lambda t: should_stop(stop, t.batches, cfg, processes))
     images = int(distributed.sum_over_processes(torch.tensor([timing.images], device=device), processes).item())
     rate = images / timing.seconds
-    record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images, "loader": cfg.loader,
-              "workers": cfg.workers, "decode": cfg.decode}  # fmt: skip
+    record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images}
+    record.update(loader=cfg.loader, workers=cfg.workers, decode=cfg.decode)
     log.write({**record, "images_per_sec": rate, "wait_seconds": timing.wait_seconds})
     what = "decoded in the loop" if cfg.workers == 0 else f"{cfg.workers} {LOADER_UNITS[cfg.loader]}"
     log.print(f"loader-only: {rate:.1f} images/s over {images} images ({what}, --decode {cfg.decode})")
@@ -321,9 +327,9 @@ def open_run_dir(cfg, processes, class_names):
 
 def checked_inputs(cfg, processes):
     """The data index and the model, checked before anything is written: (class_names, train index, val index,
-    network or None with --loader-only / --autotune). Raises ConfigError, folder.DataError or model errors."""
+    network or None with --loader-only). Raises ConfigError, folder.DataError or model errors."""
     class_names, train_index, val_index = splits.load_splits(cfg.data, cfg.val_fraction, cfg.seed)
-    if cfg.loader_only or cfg.autotune:
+    if cfg.loader_only:
         return class_names, train_index, val_index, None
     network = model.build_model(cfg.arch, len(class_names))
     try:
@@ -347,7 +353,7 @@ def make_dataset(cfg, index, train):
 def make_loaders(cfg, train_index, val_index, device, processes):
     """The training and validation (None without validation images) loaders, as cfg's loader plan says. Raises
     loader.SharedMemoryError and ConfigError."""
-    settings = cfg.loader_settings(processes.local_world_size)
+    settings = resolve.loader_settings(cfg, processes.local_world_size)
 
     def make_loader(index, train):
         return loader.build_loader(
@@ -370,19 +376,11 @@ def main(argv=None, prog=config.PROG):
     stop = StopRequest(under_torchrun="TORCHELASTIC_RUN_ID" in os.environ)
     # Everything that can be wrong with the input is found here, before the run directory exists.
     try:
-        cfg = config.resolve(config.parse_args(argv, prog), processes)
+        cfg = resolve.resolve(config.parse_args(argv, prog), processes)
         device = torch.device(cfg.device)
         torch.manual_seed(cfg.seed)
         class_names, train_index, val_index, network = checked_inputs(cfg, processes)
-        if cfg.autotune:
-            if processes.world_size > 1:
-                raise config.ConfigError("--autotune: run it in one process, without torchrun")
-            from torchlab.tools import autotune  # a tool: the training path imports nothing of torchlab.tools
-
-            key = settings.setting_key(cfg.data, cfg.image_size, cfg.batch_size, cfg.device, processes.local_world_size)
-            autotune.tune(train_index, cfg, device, key, started=autotune.process_age_seconds())
-            return
-        cfg, loader_plan = config.resolve_loader(cfg, train_index, processes.local_world_size)
+        cfg, loader_plan = resolve.resolve_loader(cfg, train_index, processes.local_world_size)
         train_loader, val_loader = make_loaders(cfg, train_index, val_index, device, processes)
     except (config.ConfigError, folder.DataError, model.WeightsError, loader.SharedMemoryError) as error:
         io.exit_with_error(prog, error)

@@ -21,10 +21,18 @@ from helpers.docker import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TORCHLAB_ARTIFACTS", ROOT / ".cache" / "test-artifacts"))
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-proxy-server",
-    "--remote-debugging-port=0", "--window-size=1400,2400",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-proxy-server",
+    "--remote-debugging-port=0",
+    "--window-size=1400,2400",
+]
 
 
 class DevToolsPage:
@@ -81,8 +89,11 @@ def headless_chromium(tmp_path):
     log = (tmp_path / "chromium.log").open("w")
     process = subprocess.Popen(
         [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     page = None
     try:
         port_file = profile / "DevToolsActivePort"

@@ -99,11 +99,9 @@ class ContainerFactory:
     def run(self, *docker_args, env=None, command=(), ready=True, shm_size="1g"):
         name = f"torchlab-test-{uuid.uuid4().hex[:10]}"
         env_args = [arg for key, value in (env or {}).items() for arg in ("-e", f"{key}={value}")]
-        docker(
-            "run", "-d", "--name", name, "--label", "torchlab.test=1", f"--shm-size={shm_size}",
-            "-p", "127.0.0.1::2222", "-p", "127.0.0.1::8888",
-            *env_args, *docker_args, IMAGE, *command,
-        )  # fmt: skip
+        options = ["-d", "--name", name, "--label", "torchlab.test=1", f"--shm-size={shm_size}"]
+        ports = ["-p", "127.0.0.1::2222", "-p", "127.0.0.1::8888"]
+        docker("run", *options, *ports, *env_args, *docker_args, IMAGE, *command)
         self.names.append(name)
         container = Container(name)
         if ready:

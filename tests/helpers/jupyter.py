@@ -47,12 +47,25 @@ def execute_request(code):
     """A Jupyter messaging protocol execute_request for code: (its msg_id, the message)."""
     msg_id = uuid.uuid4().hex
     return msg_id, {
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
-                   "session": uuid.uuid4().hex, "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "channel": "shell",
-        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                    "allow_stdin": False, "stop_on_error": True},
-    }  # fmt: skip
+        "header": {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "username": "test",
+            "session": uuid.uuid4().hex,
+            "version": "5.3",
+        },
+        "parent_header": {},
+        "metadata": {},
+        "channel": "shell",
+        "content": {
+            "code": code,
+            "silent": False,
+            "store_history": False,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+        },
+    }
 
 
 def collect_output(conn, msg_id):

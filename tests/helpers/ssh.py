@@ -4,13 +4,17 @@ import socket
 import subprocess
 
 SSH_OPTIONS = [
-    "-o", "BatchMode=yes",
-    "-o", "StrictHostKeyChecking=no",
-    "-o", "UserKnownHostsFile=/dev/null",
-    "-o", "IdentitiesOnly=yes",
-    "-o", "LogLevel=ERROR",
-    "-o", "ConnectTimeout=10",
-]  # fmt: skip
+    arg
+    for option in (
+        "BatchMode=yes",
+        "StrictHostKeyChecking=no",
+        "UserKnownHostsFile=/dev/null",
+        "IdentitiesOnly=yes",
+        "LogLevel=ERROR",
+        "ConnectTimeout=10",
+    )
+    for arg in ("-o", option)
+]
 
 
 def new_key_pair(path, comment="torchlab-test"):
@@ -30,11 +34,10 @@ def ssh_banner(port):
 
 def ssh(container, key, *command, user="jovyan", options=(), check=True, timeout=60, **kwargs):
     """Run command over a real OpenSSH session to the container."""
+    target = ["-i", str(key), "-p", str(container.host_port(2222)), *options, f"{user}@127.0.0.1"]
     result = subprocess.run(
-        ["ssh", *SSH_OPTIONS, "-i", str(key), "-p", str(container.host_port(2222)), *options,
-         f"{user}@127.0.0.1", *command],
-        capture_output=True, text=True, timeout=timeout, check=False, **kwargs,
-    )  # fmt: skip
+        ["ssh", *SSH_OPTIONS, *target, *command], capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"ssh {' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
     return result

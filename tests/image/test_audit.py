@@ -19,11 +19,9 @@ def test_env_has_no_vulnerability_that_the_docs_do_not_list(tmp_path):
     # Local version labels (+cu124) are not on PyPI's vulnerability records; the release is.
     (tmp_path / "requirements.txt").write_text(re.sub(r"\+\S+$", "", freeze, flags=re.M))
     report = tmp_path / "audit.json"
-    subprocess.run(
-        [sys.executable, "-m", "pip_audit", "--no-deps", "--disable-pip", "--progress-spinner", "off",
-         "-r", str(tmp_path / "requirements.txt"), "-f", "json", "-o", str(report)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    audit = [sys.executable, "-m", "pip_audit", "--no-deps", "--disable-pip", "--progress-spinner", "off"]
+    audit += ["-r", str(tmp_path / "requirements.txt"), "-f", "json", "-o", str(report)]
+    subprocess.run(audit, capture_output=True, text=True, timeout=600, check=False)
     dependencies = json.loads(report.read_text())["dependencies"]
     audited = [d for d in dependencies if "skip_reason" not in d]
     if not audited:

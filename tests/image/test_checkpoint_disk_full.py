@@ -17,12 +17,21 @@ RUN = (
 
 def test_full_disk_while_checkpointing_fails_clearly_and_keeps_the_previous_checkpoint():
     result = docker(
-        "run", "--rm", "--tmpfs", "/runs:size=30m,uid=1000,gid=100", "-e", "DOCTOR_AT_START=no", IMAGE,
-        "sh", "-c", f"{RUN}; echo exit=$?; ls /runs/full; "
-        "python -c 'import glob, torch; [torch.load(p, weights_only=True) for p in glob.glob(\"/runs/full/*.pt\")]; "
-        "print(\"loadable\")'",
-        check=False, timeout=600,
-    )  # fmt: skip
+        "run",
+        "--rm",
+        "--tmpfs",
+        "/runs:size=30m,uid=1000,gid=100",
+        "-e",
+        "DOCTOR_AT_START=no",
+        IMAGE,
+        "sh",
+        "-c",
+        f"{RUN}; echo exit=$?; ls /runs/full; "
+        'python -c \'import glob, torch; [torch.load(p, weights_only=True) for p in glob.glob("/runs/full/*.pt")]; '
+        'print("loadable")\'',
+        check=False,
+        timeout=600,
+    )
     assert "exit=1" in result.stdout, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(errors) == 1 and "No space left on device" in errors[0], result.stderr

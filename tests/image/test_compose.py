@@ -42,8 +42,13 @@ def compose(tmp_path, ssh_key):
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, check=True).stdout
 
     yield run, token
-    subprocess.run([COMPOSE, "-p", project, "-f", str(ROOT / "docker-compose.yml"), "down", "-v", "-t", "2"],
-                   env=env, capture_output=True, timeout=180, check=False)  # fmt: skip
+    subprocess.run(
+        [COMPOSE, "-p", project, "-f", str(ROOT / "docker-compose.yml"), "down", "-v", "-t", "2"],
+        env=env,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def test_compose_up_down_up_keeps_host_keys_and_files(compose, ssh_key):

@@ -103,8 +103,12 @@ def test_oci_labels_say_what_and_which_revision():
 def test_make_tag_names_what_is_inside():
     result = subprocess.run(
         ["make", "-s", "tag", f"IMAGE={IMAGE}", f"DOCKER={DOCKER}", "VERSION=test"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     tag = result.stdout.strip().splitlines()[-1]
     try:
         assert re.fullmatch(rf"{re.escape(IMAGE)}:py3\d+-cu(\d+|cpu)-test", tag), tag

@@ -17,8 +17,11 @@ CLI = os.environ.get("DEVCONTAINER_CLI", str(ROOT / ".cache/devcontainer-cli/nod
 def devcontainer(subcommand, *args, folder):
     result = subprocess.run(
         [CLI, subcommand, "--workspace-folder", str(folder), "--docker-path", DOCKER, *args],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 

@@ -90,8 +90,11 @@ def test_notebook_args_are_split_as_a_shell_would(containers):
     wait_for(lambda: api_at(container, "/a") == 200, 90, "Jupyter at /a", container.logs)
     jupyter = container.exec("pgrep", "-n", "-u", "jovyan", "-f", "jupyter-notebook").stdout.strip()
     argv = container.exec("cat", f"/proc/{jupyter}/cmdline").stdout.split("\0")
-    assert argv[-4:-1] == ["--ServerApp.base_url=/a", "--ServerApp.shutdown_no_activity_timeout=0",
-                           "--KernelManager.shutdown_wait_time=6.5"]  # fmt: skip
+    assert argv[-4:-1] == [
+        "--ServerApp.base_url=/a",
+        "--ServerApp.shutdown_no_activity_timeout=0",
+        "--KernelManager.shutdown_wait_time=6.5",
+    ]
 
 
 def test_the_work_mount_below_the_home_is_in_jupyter_and_ssh(containers, ssh_key, tmp_path):
@@ -100,8 +103,9 @@ def test_the_work_mount_below_the_home_is_in_jupyter_and_ssh(containers, ssh_key
     (work / "mine.txt").write_text("from the host\n")
     os.chown(work, 1000, 100)
     os.chown(work / "mine.txt", 1000, 100)
-    container = containers.run("-v", f"{work}:/home/jovyan/work",
-                               env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]})  # fmt: skip
+    container = containers.run(
+        "-v", f"{work}:/home/jovyan/work", env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]}
+    )
     base = f"http://127.0.0.1:{container.host_port(8888)}"
     root = {entry["name"] for entry in jupyter_api(base, "/api/contents", TOKEN)["content"]}
     assert "work" in root

@@ -72,8 +72,9 @@ def test_command_runs_as_the_user_after_setup():
 
 
 def test_nb_user_uid_and_gid_are_honoured():
-    out = docker("run", "--rm", "-e", "NB_USER=alice", "-e", "NB_UID=1234", "-e", "NB_GID=2345", IMAGE,
-                 "sh", "-c", "id -un; id -u; id -g; echo $HOME; stat -c %u /home/alice").stdout.split()  # fmt: skip
+    env = ["-e", "NB_USER=alice", "-e", "NB_UID=1234", "-e", "NB_GID=2345"]
+    script = "id -un; id -u; id -g; echo $HOME; stat -c %u /home/alice"
+    out = docker("run", "--rm", *env, IMAGE, "sh", "-c", script).stdout.split()
     assert out == ["alice", "1234", "2345", "/home/alice", "1234"]
 
 
@@ -106,8 +107,9 @@ def test_chown_home(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     (home / "notes.txt").write_text("mine")
-    out = docker("run", "--rm", "-e", "CHOWN_HOME=yes", "-e", "CHOWN_HOME_OPTS=-R", "-v", f"{home}:/home/jovyan",
-                 IMAGE, "stat", "-c", "%u", "/home/jovyan", "/home/jovyan/notes.txt").stdout.split()  # fmt: skip
+    env = ["-e", "CHOWN_HOME=yes", "-e", "CHOWN_HOME_OPTS=-R"]
+    stat = ["stat", "-c", "%u", "/home/jovyan", "/home/jovyan/notes.txt"]
+    out = docker("run", "--rm", *env, "-v", f"{home}:/home/jovyan", IMAGE, *stat).stdout.split()
     assert out[-2:] == ["1000", "1000"]
 
 
@@ -132,8 +134,8 @@ def test_a_failing_hook_is_logged_and_the_start_goes_on(tmp_path):
     script = hooks / "30-exits-1"
     script.write_text("#!/bin/sh\nexit 1\n")
     script.chmod(0o755)
-    result = docker("run", "--rm", "-v", f"{hooks}:/usr/local/bin/before-notebook.d:ro", IMAGE,
-                    "sh", "-c", "echo OTHER_VAR=$OTHER_VAR", check=False)  # fmt: skip
+    mount = f"{hooks}:/usr/local/bin/before-notebook.d:ro"
+    result = docker("run", "--rm", "-v", mount, IMAGE, "sh", "-c", "echo OTHER_VAR=$OTHER_VAR", check=False)
     assert result.returncode == 0, result.stderr
     assert "ran-on" in result.stdout and "OTHER_VAR=456" in result.stdout
     for name in ("20-last-line-fails.sh", "30-exits-1"):
@@ -208,8 +210,11 @@ def host_keys(container):
     require_tool("ssh-keyscan")
     result = subprocess.run(
         ["ssh-keyscan", "-t", "ed25519", "-p", str(container.host_port(2222)), "127.0.0.1"],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return result.stdout.split()[-1]
 
 
@@ -279,8 +284,9 @@ def test_quiet_keeps_the_line_with_a_random_token(containers):
     container = containers.run(env={"JUPYTER_DOCKER_STACKS_QUIET": "1"})
     info = start_log(container.logs(), "INFO")
     assert [line.split("?token=")[0] for line in info] == [
-        "Jupyter: http://127.0.0.1:8888/tree", "TensorBoard: http://127.0.0.1:8888/tensorboard/"
-    ], info  # fmt: skip
+        "Jupyter: http://127.0.0.1:8888/tree",
+        "TensorBoard: http://127.0.0.1:8888/tensorboard/",
+    ], info
     token = info[0].split("?token=")[1]
     port = container.host_port(8888)
     assert http_status(f"http://127.0.0.1:{port}/api/status", {"Authorization": f"token {token}"}) == 200

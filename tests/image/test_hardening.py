@@ -31,8 +31,10 @@ def test_concurrent_ssh_sessions_all_succeed(services, ssh_key):
     with concurrent.futures.ThreadPoolExecutor(SESSIONS) as pool:
         results = list(pool.map(one, range(SESSIONS)))
     failures = [r.stderr for r in results if r.returncode != 0]
-    print(f"\n{SESSIONS} concurrent SSH sessions: {SESSIONS - len(failures)} succeeded in "
-          f"{time.monotonic() - started:.1f} s")  # fmt: skip
+    print(
+        f"\n{SESSIONS} concurrent SSH sessions: {SESSIONS - len(failures)} succeeded in "
+        f"{time.monotonic() - started:.1f} s"
+    )
     assert not failures
     assert [r.stdout.strip() for r in results] == [str(i + 1) for i in range(SESSIONS)]
 
@@ -51,15 +53,18 @@ def test_concurrent_kernels_all_execute(services):
 def test_jupyter_and_a_kernel_stay_responsive_while_a_2_process_training_run_uses_every_cpu(services, ssh_key):
     # A real training run started over SSH as a user would: 2 processes, each with its loader workers.
     ssh(services, ssh_key[0], "torchlab sample-data /tmp/load-data", timeout=300)
-    run = ("nohup torchrun --standalone --nproc_per_node=2 train.py --data /tmp/load-data --arch resnet18 "
-           "--image-size 64 --batch-size 16 --epochs 50 --run-dir /tmp/load-run > /tmp/load.log 2>&1 &")  # fmt: skip
+    run = (
+        "nohup torchrun --standalone --nproc_per_node=2 train.py --data /tmp/load-data --arch resnet18 "
+        "--image-size 64 --batch-size 16 --epochs 50 --run-dir /tmp/load-run > /tmp/load.log 2>&1 &"
+    )
     ssh(services, ssh_key[0], run)
     try:
         wait_for(
             lambda: services.exec("grep", "-q", "images/s", "/tmp/load.log", check=False).returncode == 0,
-            300, "the training run's first progress line",
+            300,
+            "the training run's first progress line",
             lambda: services.exec("tail", "-5", "/tmp/load.log", check=False).stdout,
-        )  # fmt: skip
+        )
         latencies = []
         for _ in range(40):
             started = time.monotonic()
@@ -72,8 +77,10 @@ def test_jupyter_and_a_kernel_stay_responsive_while_a_2_process_training_run_use
     finally:
         ssh(services, ssh_key[0], "pkill -f '[t]orchrun --standalone' || true")
     p95 = statistics.quantiles(latencies, n=20)[-1]
-    print(f"\nduring a 2-process training run: Jupyter API p95 {p95 * 1000:.0f} ms over {len(latencies)} "
-          f"requests; a new kernel ran code in {kernel_seconds:.1f} s")  # fmt: skip
+    print(
+        f"\nduring a 2-process training run: Jupyter API p95 {p95 * 1000:.0f} ms over {len(latencies)} "
+        f"requests; a new kernel ran code in {kernel_seconds:.1f} s"
+    )
     assert still_training, "the training run ended before the measurement did"
     assert code.strip() == "499500"
     assert p95 < 5.0
@@ -89,9 +96,14 @@ def test_brute_force_is_refused_and_the_key_still_works(services, ssh_key, tmp_p
         if i % 2:
             command = ["ssh", *SSH_OPTIONS, "-i", str(wrong_key), "-p", port, "jovyan@127.0.0.1", "true"]
         else:
-            command = ["sshpass", "-p", f"guess{i}", "ssh", *SSH_OPTIONS[2:], "-o", "PubkeyAuthentication=no",
-                       "-o", "PreferredAuthentications=password,keyboard-interactive", "-p", port,
-                       "jovyan@127.0.0.1", "true"]  # fmt: skip
+            password_only = [
+                "-o",
+                "PubkeyAuthentication=no",
+                "-o",
+                "PreferredAuthentications=password,keyboard-interactive",
+            ]
+            ssh_command = ["ssh", *SSH_OPTIONS[2:], *password_only, "-p", port, "jovyan@127.0.0.1", "true"]
+            command = ["sshpass", "-p", f"guess{i}", *ssh_command]
         return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
@@ -102,10 +114,28 @@ def test_brute_force_is_refused_and_the_key_still_works(services, ssh_key, tmp_p
     assert ssh(services, ssh_key[0], "id -un").stdout.strip() == "jovyan"
 
 
-API_PATHS = ["/api/contents", "/api/kernels", "/api/kernelspecs", "/api/sessions", "/api/terminals", "/api/me",
-             "/api/config/notebook", "/api/nbconvert", "/api/status", "/metrics"]  # fmt: skip
-PAGE_PATHS = ["/files/notebooks", "/tree", "/notebooks/x.ipynb", "/edit/x.txt", "/terminals/1", "/lab", "/view/x.txt",
-              "/nbconvert/html/x.ipynb"]  # fmt: skip
+API_PATHS = [
+    "/api/contents",
+    "/api/kernels",
+    "/api/kernelspecs",
+    "/api/sessions",
+    "/api/terminals",
+    "/api/me",
+    "/api/config/notebook",
+    "/api/nbconvert",
+    "/api/status",
+    "/metrics",
+]
+PAGE_PATHS = [
+    "/files/notebooks",
+    "/tree",
+    "/notebooks/x.ipynb",
+    "/edit/x.txt",
+    "/terminals/1",
+    "/lab",
+    "/view/x.txt",
+    "/nbconvert/html/x.ipynb",
+]
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -141,11 +171,12 @@ def test_only_login_version_and_static_files_answer_without_the_token(services, 
 
 def test_effective_jupyter_config_keeps_xsrf_and_origins(services):
     config = services.exec(
-        "python", "-c",
+        "python",
+        "-c",
         "from jupyter_server.serverapp import ServerApp; a = ServerApp(); a.load_config_file(); "
         "print(a.disable_check_xsrf, repr(a.allow_origin), repr(a.allow_origin_pat), a.allow_root)",
         user="jovyan",
-    ).stdout.split()  # fmt: skip
+    ).stdout.split()
     assert config[:4] == ["False", "''", "''", "False"]
     # A browser on another site holds the login cookie but not the XSRF token: its writes are refused.
     jar = urllib.request.HTTPCookieProcessor()
@@ -154,10 +185,11 @@ def test_effective_jupyter_config_keeps_xsrf_and_origins(services):
         pass
     assert any(cookie.name.startswith("username-") for cookie in jar.cookiejar)
     forged = urllib.request.Request(
-        base_url(services) + "/api/contents/forged.txt", method="PUT",
+        base_url(services) + "/api/contents/forged.txt",
+        method="PUT",
         headers={"Origin": "http://evil.example", "Content-Type": "application/json"},
         data=b'{"type": "file", "format": "text", "content": "x"}',
-    )  # fmt: skip
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         browser.open(forged, timeout=10)
     assert refused.value.code == 403
@@ -169,8 +201,9 @@ def test_no_secret_in_world_readable_files_of_a_running_container(containers, tm
     token_container = containers.run(env={"JUPYTER_TOKEN": TOKEN})
     for target, secret in [(container, password), (token_container, TOKEN)]:
         # As `nobody`: what any other user in the container could read.
-        found = target.exec("sh", "-c", f"grep -rlsF '{secret}' / --exclude-dir=proc --exclude-dir=sys || true",
-                            user="nobody").stdout  # fmt: skip
+        found = target.exec(
+            "sh", "-c", f"grep -rlsF '{secret}' / --exclude-dir=proc --exclude-dir=sys || true", user="nobody"
+        ).stdout
         assert found.strip() == ""
 
 
@@ -178,9 +211,12 @@ def test_restart_policy_brings_it_back_with_the_same_host_keys_and_token(contain
     volume = "torchlab-test-restart-" + hashlib.sha256(str(time.time()).encode()).hexdigest()[:8]
     try:
         container = containers.run(
-            "--restart", "unless-stopped", "-v", f"{volume}:/etc/ssh/host_keys",
+            "--restart",
+            "unless-stopped",
+            "-v",
+            f"{volume}:/etc/ssh/host_keys",
             env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]},
-        )  # fmt: skip
+        )
         before = container.exec("cat", "/etc/ssh/host_keys/ssh_host_ed25519_key.pub").stdout
         started = time.monotonic()
         container.exec("pkill", "-KILL", "-o", "-f", "/usr/sbin/sshd -D")  # a killed Jupyter is restarted inside
@@ -224,9 +260,15 @@ def test_runs_with_a_read_only_root_filesystem(containers, ssh_key, tmp_path):
     data.mkdir()
     (data / "file.txt").write_text("read me")
     container = containers.run(
-        *READ_ONLY_MOUNTS, "-v", f"{tmp_path}/keys:/etc/ssh/host_keys", "-v", f"{workspace}:/workspace",
-        "-v", f"{data}:/data:ro", env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]},
-    )  # fmt: skip
+        *READ_ONLY_MOUNTS,
+        "-v",
+        f"{tmp_path}/keys:/etc/ssh/host_keys",
+        "-v",
+        f"{workspace}:/workspace",
+        "-v",
+        f"{data}:/data:ro",
+        env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]},
+    )
     assert ssh(container, ssh_key[0], "cat /data/file.txt && touch /workspace/new").stdout == "read me"
     assert execute(container, "print(open('/data/file.txt').read())").strip() == "read me"
     assert ssh(container, ssh_key[0], "touch /data/x", check=False).returncode != 0

@@ -39,8 +39,11 @@ def proxy_command():
             pytest.skip(f"configurable-http-proxy is not at {CHP} and npm is missing to install it")
         result = subprocess.run(
             ["npm", "install", "--silent", "--prefix", str(CHP_DIR), f"configurable-http-proxy@{CHP_VERSION}"],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         if result.returncode != 0:
             pytest.skip(f"npm could not install configurable-http-proxy: {result.stderr.strip()[-300:]}")
     return str(CHP)
@@ -133,8 +136,10 @@ def hub(request, tmp_path_factory):
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "jupyterhub"), "-f", "jupyterhub_config.py"],
-                cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                cwd=workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         hub = Hub(url, admin_token, password, prefix, log)
 
         def up():

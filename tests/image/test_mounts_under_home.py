@@ -55,19 +55,21 @@ def test_named_volume_below_the_home_is_left_as_it_was(options):
     volume = "torchlab-test-home-data-" + uuid.uuid4().hex[:8]
     uid, gid = OWNER
     try:
-        docker("run", "--rm", "--entrypoint", "sh", "-v", f"{volume}:/v", IMAGE, "-c",
-               f"echo precious > /v/foo.txt && chown -R {uid}:{gid} /v")  # fmt: skip
+        shell = ["run", "--rm", "--entrypoint", "sh", "-v", f"{volume}:/v", IMAGE, "-c"]
+        docker(*shell, f"echo precious > /v/foo.txt && chown -R {uid}:{gid} /v")
         start(options, f"{volume}:/home/jovyan/data")
-        out = docker("run", "--rm", "--entrypoint", "sh", "-v", f"{volume}:/v", IMAGE, "-c",
-                     "stat -c '%u:%g' /v /v/foo.txt && cat /v/foo.txt").stdout.split()  # fmt: skip
+        out = docker(*shell, "stat -c '%u:%g' /v /v/foo.txt && cat /v/foo.txt").stdout.split()
         assert out == [f"{uid}:{gid}", f"{uid}:{gid}", "precious"]
     finally:
         docker("volume", "rm", "-f", volume, check=False)
 
 
 def test_renamed_user_keeps_a_home_that_holds_a_mount(host_folder):
-    result = start({"NB_USER": "user"}, f"{host_folder}:/home/jovyan/data",
-                   command=("sh", "-c", "id -un; echo $HOME; cat /home/user/data/foo.txt"))  # fmt: skip
+    result = start(
+        {"NB_USER": "user"},
+        f"{host_folder}:/home/jovyan/data",
+        command=("sh", "-c", "id -un; echo $HOME; cat /home/user/data/foo.txt"),
+    )
     assert result.stdout.split() == ["user", "/home/jovyan", "precious"]
     assert "the home stays /home/jovyan (it holds mounts), /home/user links to it" in result.stderr
 

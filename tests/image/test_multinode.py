@@ -41,9 +41,10 @@ def sample_data(tmp_path_factory):
     """The generated sample set, written once for the module, owned by this host's user."""
     out = tmp_path_factory.mktemp("multinode")
     docker(
-        "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "--entrypoint", "torchlab", "-v", f"{out}:/out",
-        IMAGE, "sample-data", "/out/data", *SAMPLE_DATA_SIZE, timeout=300,
-    )  # fmt: skip
+        *["run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "--entrypoint", "torchlab", "-v", f"{out}:/out"],
+        *[IMAGE, "sample-data", "/out/data", *SAMPLE_DATA_SIZE],
+        timeout=300,
+    )
     return out / "data"
 
 

@@ -40,8 +40,13 @@ def test_arbitrary_uid(containers, ssh_key, tmp_path, gid):
     workspace = tmp_path / "ws"
     workspace.mkdir()
     os.chown(workspace, 1010, gid)
-    container = containers.run("--user", f"1010:{gid}", "-v", f"{workspace}:/workspace",
-                               env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]})  # fmt: skip
+    container = containers.run(
+        "--user",
+        f"1010:{gid}",
+        "-v",
+        f"{workspace}:/workspace",
+        env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]},
+    )
     assert "UID 1010 had no passwd entry: it is now jovyan" in container.logs()
     who = ssh(container, ssh_key[0], "id -un; echo $HOME; git --version").stdout.split()
     assert who[:2] == ["jovyan", "/workspace"]
@@ -51,11 +56,24 @@ def test_arbitrary_uid(containers, ssh_key, tmp_path, gid):
 
 def test_image_uid_with_users_group_and_a_read_only_root(containers, ssh_key):
     volume = "torchlab-test-ro-" + uuid.uuid4().hex[:8]
-    tmpfs = ["--tmpfs", "/run/torchlab:uid=1000,gid=100", "--tmpfs", "/tmp:mode=1777",
-             "--tmpfs", "/home/jovyan:uid=1000,gid=100"]  # fmt: skip
+    tmpfs = [
+        "--tmpfs",
+        "/run/torchlab:uid=1000,gid=100",
+        "--tmpfs",
+        "/tmp:mode=1777",
+        "--tmpfs",
+        "/home/jovyan:uid=1000,gid=100",
+    ]
     try:
-        container = containers.run("--user", "1000:100", "--read-only", *tmpfs, "-v", f"{volume}:/workspace",
-                                   env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]})  # fmt: skip
+        container = containers.run(
+            "--user",
+            "1000:100",
+            "--read-only",
+            *tmpfs,
+            "-v",
+            f"{volume}:/workspace",
+            env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]},
+        )
         assert "host keys in /home/jovyan/.ssh/host_keys" in container.logs()
         check_services(container, ssh_key[0], 1000)
     finally:
@@ -70,8 +88,12 @@ def test_what_needs_root_is_skipped_one_line_each():
     assert result.stdout.strip() == "uid=1000(jovyan) gid=100(users) groups=100(users)"
     skipped = start_log(result.stderr, "WARNING")
     assert [line.split(": skipped, ")[0] for line in skipped] == [
-        "NB_USER=kitten", "NB_UID/NB_GID", "NB_GROUP", "GRANT_SUDO", "CHOWN_HOME/CHOWN_EXTRA",
-    ]  # fmt: skip
+        "NB_USER=kitten",
+        "NB_UID/NB_GID",
+        "NB_GROUP",
+        "GRANT_SUDO",
+        "CHOWN_HOME/CHOWN_EXTRA",
+    ]
     assert all("root start" in line for line in skipped)
 
 

@@ -62,9 +62,10 @@ def sample_data(tmp_path_factory):
     """The image's sample data set, generated on the host as the user who runs the tests."""
     folder = tmp_path_factory.mktemp("notebook-data")
     docker(
-        "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "--entrypoint", "torchlab",
-        "-v", f"{folder}:/out", IMAGE, "sample-data", "/out/data", timeout=300,
-    )  # fmt: skip
+        *["run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "--entrypoint", "torchlab", "-v", f"{folder}:/out"],
+        *[IMAGE, "sample-data", "/out/data"],
+        timeout=300,
+    )
     return folder / "data"
 
 
@@ -91,11 +92,12 @@ def output_text(output):
 @pytest.mark.parametrize("name", sorted(EXPECTED_OUTPUTS))
 def test_notebook_runs_top_to_bottom_in_the_image(notebook_container, name):
     result = docker(
-        "exec", "-u", "jovyan", "-w", "/workspace/notebooks", notebook_container.name,
-        "jupyter", "nbconvert", "--to", "notebook", "--execute", f"--ExecutePreprocessor.timeout={CELL_TIMEOUT_S}",
-        "--output-dir", "/tmp/executed", name,
-        check=False, timeout=NOTEBOOK_TIMEOUT_S,
-    )  # fmt: skip
+        *["exec", "-u", "jovyan", "-w", "/workspace/notebooks", notebook_container.name],
+        *["jupyter", "nbconvert", "--to", "notebook", "--execute", f"--ExecutePreprocessor.timeout={CELL_TIMEOUT_S}"],
+        *["--output-dir", "/tmp/executed", name],
+        check=False,
+        timeout=NOTEBOOK_TIMEOUT_S,
+    )
     assert result.returncode == 0, f"{name} failed to run:\n{result.stderr[-4000:]}"
     executed = json.loads(notebook_container.exec("cat", f"/tmp/executed/{name}").stdout)
     outputs = outputs_of(executed)
@@ -138,19 +140,23 @@ def test_browser_runs_the_environment_notebook_and_shows_the_doctor_table(notebo
     try:
         wait_for(
             lambda: page.evaluate("document.querySelectorAll('.jp-Notebook .jp-CodeCell').length") >= 4,
-            120, "the notebook's cells in the page",
-        )  # fmt: skip
+            120,
+            "the notebook's cells in the page",
+        )
         wait_for(lambda: notebook_kernel_state(port) == "idle", 120, "the notebook's kernel to start and be idle")
         page.click(".lm-MenuBar-itemLabel", "Run")
         page.click(".lm-Menu-itemLabel", "Run All Cells")
         rows = wait_for(
             lambda: page.evaluate("document.querySelectorAll('.jp-OutputArea table.torchlab-doctor tbody tr').length"),
-            180, "the doctor's table in the notebook's outputs",
-        )  # fmt: skip
-        table = dict(page.evaluate(
-            "[...document.querySelectorAll('table.torchlab-doctor tbody tr')]"
-            ".map(r => [r.cells[1].textContent, r.dataset.status])"
-        ))  # fmt: skip
+            180,
+            "the doctor's table in the notebook's outputs",
+        )
+        table = dict(
+            page.evaluate(
+                "[...document.querySelectorAll('table.torchlab-doctor tbody tr')]"
+                ".map(r => [r.cells[1].textContent, r.dataset.status])"
+            )
+        )
         assert rows >= 8
         # The same verdict, row by row, as the doctor's own command for the notebook's data and run dir;
         # the container has no GPU (no --gpus), so the gpu row warns.
@@ -161,8 +167,9 @@ def test_browser_runs_the_environment_notebook_and_shows_the_doctor_table(notebo
         # The last cell ran too: all cells, not only the doctor's.
         wait_for(
             lambda: "GPU check skipped" in page.evaluate("document.querySelector('.jp-Notebook').innerText"),
-            120, "the GPU check's output",
-        )  # fmt: skip
+            120,
+            "the GPU check's output",
+        )
         errors = page.evaluate(
             "document.querySelectorAll('[data-mime-type=\"application/vnd.jupyter.stderr\"]').length"
         )
@@ -185,8 +192,11 @@ def test_lab_is_served_beside_notebook_and_jupyter_ui_picks_the_url(containers, 
     browser_page.call("Page.navigate", url=url.replace(":8888/", f":{port}/"))
     screenshot = ARTIFACTS / "jupyterlab-launcher.png"
     try:
-        wait_for(lambda: browser_page.evaluate("document.querySelectorAll('.jp-Launcher').length") > 0, 120,
-                 "JupyterLab's launcher")  # fmt: skip
+        wait_for(
+            lambda: browser_page.evaluate("document.querySelectorAll('.jp-Launcher').length") > 0,
+            120,
+            "JupyterLab's launcher",
+        )
         assert "Python 3" in browser_page.evaluate("document.querySelector('.jp-Launcher').innerText")
     finally:
         browser_page.screenshot(screenshot)

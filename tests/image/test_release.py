@@ -34,8 +34,12 @@ def label(name):
 def make(*args, timeout=120, check=True):
     return subprocess.run(
         ["make", "-s", *args, f"IMAGE={IMAGE}", f"DOCKER={DOCKER}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=check,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+    )
 
 
 @pytest.fixture

@@ -29,9 +29,14 @@ def build_only_certificates():
         used = certificates(f.read())
     # The public CA lists the image ships anyway: the system's and Python's (certifi).
     shipped = docker(
-        "run", "--rm", "--entrypoint", "sh", IMAGE, "-c",
+        "run",
+        "--rm",
+        "--entrypoint",
+        "sh",
+        IMAGE,
+        "-c",
         'cat /etc/ssl/certs/ca-certificates.crt "$(python -m certifi)"',
-    ).stdout  # fmt: skip
+    ).stdout
     return used - certificates(shipped)
 
 

@@ -24,8 +24,9 @@ DUMP = "python -c 'import json, os; print(json.dumps(dict(os.environ)))'"
 
 @pytest.fixture(scope="module")
 def container(module_containers, ssh_key):
-    return module_containers.run(env={**PASSED, "JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1],
-                                      "JPY_API_TOKEN": "hub-secret"})  # fmt: skip
+    return module_containers.run(
+        env={**PASSED, "JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1], "JPY_API_TOKEN": "hub-secret"}
+    )
 
 
 @pytest.mark.parametrize(

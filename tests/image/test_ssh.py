@@ -33,11 +33,9 @@ def test_interactive_session_with_a_terminal_has_the_env(services, ssh_key):
 
 def server_auth_methods(container, user):
     """The methods sshd offers after 'none', from the client's debug log."""
-    result = subprocess.run(
-        ["ssh", *SSH_OPTIONS, "-v", "-o", "PreferredAuthentications=none", "-p", str(container.host_port(2222)),
-         f"{user}@127.0.0.1", "true"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+    target = ["-p", str(container.host_port(2222)), f"{user}@127.0.0.1", "true"]
+    command = ["ssh", *SSH_OPTIONS, "-v", "-o", "PreferredAuthentications=none", *target]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
     lines = [line for line in result.stderr.splitlines() if "Authentications that can continue" in line]
     assert lines, result.stderr
     return lines[-1].rsplit(":", 1)[1].strip().split(",")
@@ -50,13 +48,12 @@ def test_server_offers_public_key_only(services):
 def test_password_login_is_refused(services):
     require_tool("sshpass")
     # The user has no password, so try what a password-guesser would: the user name, empty, common words.
+    password_login = ["-o", "BatchMode=no", "-o", "PubkeyAuthentication=no"]
+    password_login += ["-o", "PreferredAuthentications=password,keyboard-interactive"]
+    ssh_command = ["ssh", *SSH_OPTIONS[2:], *password_login, "-p", str(services.host_port(2222)), "jovyan@127.0.0.1"]
     for password in ["jovyan", "", "password"]:
-        result = subprocess.run(
-            ["sshpass", "-p", password, "ssh", *SSH_OPTIONS[2:], "-o", "BatchMode=no", "-o", "PubkeyAuthentication=no",
-             "-o", "PreferredAuthentications=password,keyboard-interactive", "-p", str(services.host_port(2222)),
-             "jovyan@127.0.0.1", "true"],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
+        command = ["sshpass", "-p", password, *ssh_command, "true"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
         assert result.returncode != 0
         assert "Permission denied" in result.stderr
 
@@ -99,11 +96,13 @@ def test_scp_sftp_and_rsync_move_files(services, ssh_key, tmp_path):
     subprocess.run(["scp", *common, str(source), "jovyan@127.0.0.1:/workspace/by-scp.bin"], check=True, timeout=60)
     batch = tmp_path / "batch"
     batch.write_text(f"put {source} /workspace/by-sftp.bin\nget /workspace/by-scp.bin {tmp_path}/back.bin\n")
-    subprocess.run(["sftp", *common, "-b", str(batch), "jovyan@127.0.0.1"], check=True, timeout=60,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(["sftp", *common, "-b", str(batch), "jovyan@127.0.0.1"], check=True, timeout=60, capture_output=True)
     require_tool("rsync")
-    subprocess.run(["rsync", "-a", "-e", transport, str(source), "jovyan@127.0.0.1:/workspace/by-rsync.bin"],
-                   check=True, timeout=60)  # fmt: skip
+    subprocess.run(
+        ["rsync", "-a", "-e", transport, str(source), "jovyan@127.0.0.1:/workspace/by-rsync.bin"],
+        check=True,
+        timeout=60,
+    )
     assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
     sums = ssh(services, ssh_key[0], "cd /workspace && sha256sum by-scp.bin by-sftp.bin by-rsync.bin").stdout
     assert len({line.split()[0] for line in sums.splitlines()}) == 1
@@ -113,10 +112,9 @@ def test_scp_sftp_and_rsync_move_files(services, ssh_key, tmp_path):
 
 def test_local_forward_reaches_jupyter_through_the_tunnel(services, ssh_key):
     port = reserved_port()
-    tunnel = subprocess.Popen(
-        ["ssh", *SSH_OPTIONS, "-i", str(ssh_key[0]), "-p", str(services.host_port(2222)), "-N",
-         "-o", "ExitOnForwardFailure=yes", "-L", f"{port}:localhost:8888", "jovyan@127.0.0.1"],
-    )  # fmt: skip
+    forward = ["-N", "-o", "ExitOnForwardFailure=yes", "-L", f"{port}:localhost:8888"]
+    login = ["-i", str(ssh_key[0]), "-p", str(services.host_port(2222)), "jovyan@127.0.0.1"]
+    tunnel = subprocess.Popen(["ssh", *SSH_OPTIONS, *forward, *login])
     try:
         url = f"http://127.0.0.1:{port}/api/status"
         wait_for(lambda: http_status(url, {"Authorization": f"token {TOKEN}"}) == 200, 30, "Jupyter via the tunnel")
@@ -148,13 +146,14 @@ def test_nb_umask_reaches_every_way_in_over_ssh(containers, ssh_key, tmp_path):
     common = [*SSH_OPTIONS, "-i", str(ssh_key[0]), "-P", port]
     batch = tmp_path / "batch"
     batch.write_text(f"put {source} /workspace/by-sftp.txt\n")
-    subprocess.run(["sftp", *common, "-b", str(batch), "jovyan@127.0.0.1"], check=True, timeout=60,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(["sftp", *common, "-b", str(batch), "jovyan@127.0.0.1"], check=True, timeout=60, capture_output=True)
     subprocess.run(["scp", *common, str(source), "jovyan@127.0.0.1:/workspace/by-scp.txt"], check=True, timeout=60)
-    subprocess.run(["scp", "-O", *common, str(source), "jovyan@127.0.0.1:/workspace/by-scp-O.txt"], check=True,
-                   timeout=60)  # fmt: skip
+    subprocess.run(
+        ["scp", "-O", *common, str(source), "jovyan@127.0.0.1:/workspace/by-scp-O.txt"], check=True, timeout=60
+    )
     transport = f"ssh {' '.join(SSH_OPTIONS)} -i {ssh_key[0]} -p {port}"
-    subprocess.run(["rsync", "-e", transport, str(source), "jovyan@127.0.0.1:/workspace/by-rsync.txt"], check=True,
-                   timeout=60)  # fmt: skip
+    subprocess.run(
+        ["rsync", "-e", transport, str(source), "jovyan@127.0.0.1:/workspace/by-rsync.txt"], check=True, timeout=60
+    )
     made = ssh(container, ssh_key[0], "touch /workspace/by-ssh.txt; cd /workspace && stat -c '%n %a' by-*").stdout
     assert sorted(made.splitlines()) == [f"by-{how}.txt 664" for how in ("rsync", "scp-O", "scp", "sftp", "ssh")]

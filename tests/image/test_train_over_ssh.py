@@ -38,8 +38,12 @@ def records(container, run_dir):
 def test_nohup_run_survives_logout_and_writes_checkpoints(trainer, ssh_key):
     ssh(trainer, ssh_key[0], f"nohup python train.py {TRAIN_FLAGS} --epochs 2 --run-dir runs/nohup > log.txt 2>&1 &")
     # The SSH session has ended (logged out); the run goes on without it.
-    wait_for(lambda: not user_processes(trainer, "train.py .*runs/nohup"), 600, "the nohup run to finish",
-             lambda: trainer.exec("tail", "-5", "/home/jovyan/log.txt", check=False).stdout)  # fmt: skip
+    wait_for(
+        lambda: not user_processes(trainer, "train.py .*runs/nohup"),
+        600,
+        "the nohup run to finish",
+        lambda: trainer.exec("tail", "-5", "/home/jovyan/log.txt", check=False).stdout,
+    )
     log = trainer.exec("cat", "/home/jovyan/log.txt").stdout
     assert "finished --epochs 2" in log, log
     assert "Traceback" not in log
@@ -53,8 +57,11 @@ def test_docker_stop_lets_a_run_started_over_ssh_checkpoint(containers, ssh_key,
     container = containers.run(env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]}, shm_size="1g")
     ssh(container, ssh_key[0], SAMPLE_DATA, timeout=300)
     ssh(container, ssh_key[0], f"nohup python train.py {TRAIN_FLAGS} --epochs 50 --run-dir runs/long > log.txt 2>&1 &")
-    wait_for(lambda: container.exec("grep", "-q", "images/s", "/home/jovyan/log.txt", check=False).returncode == 0,
-             300, "the run's first progress line")  # fmt: skip
+    wait_for(
+        lambda: container.exec("grep", "-q", "images/s", "/home/jovyan/log.txt", check=False).returncode == 0,
+        300,
+        "the run's first progress line",
+    )
     docker("stop", "-t", "60", container.name, timeout=90)
     assert container.state()["ExitCode"] == 0
     # The stopped container's files are still there to read.

@@ -34,14 +34,22 @@ for dir in /opt/env/bin /usr/sbin /usr/bin /sbin /bin; do
     [ -x "$dir/${{0##*/}}" ] && exec "$dir/${{0##*/}}" "$@"
 done
 """
-PTH_LINE = (f"import os; os.makedirs('{EVIDENCE}', exist_ok=True); "
-            f"open('{EVIDENCE}/pth-%d' % os.getpid(), 'w').write('%d\\n' % os.getuid())\n")  # fmt: skip
+PTH_LINE = (
+    f"import os; os.makedirs('{EVIDENCE}', exist_ok=True); "
+    f"open('{EVIDENCE}/pth-%d' % os.getpid(), 'w').write('%d\\n' % os.getuid())\n"
+)
 SHELL_LINE = f"\n/usr/bin/mkdir -p {EVIDENCE} 2>/dev/null; /usr/bin/id -u >>{EVIDENCE}/sourced\n"
 # What an admin types, as root: each must run nothing of the user's.
-ROOT_EXECS = [["ps"], ["id"], ["bash", "-lc", "true"], ["bash", "-c", "true"], ["sh", "-c", "true"],
-              ["env", "SSH_CLIENT=1 2 3", "SSH_CONNECTION=1 2 3 4", "bash", "-c", "true"],
-              ["python", "-c", "import json"],
-              ["torchlab-healthcheck"]]  # fmt: skip
+ROOT_EXECS = [
+    ["ps"],
+    ["id"],
+    ["bash", "-lc", "true"],
+    ["bash", "-c", "true"],
+    ["sh", "-c", "true"],
+    ["env", "SSH_CLIENT=1 2 3", "SSH_CONNECTION=1 2 3 4", "bash", "-c", "true"],
+    ["python", "-c", "import json"],
+    ["torchlab-healthcheck"],
+]
 
 
 def start(containers, mode, ssh_key, tmp_path, env=None, args=()):
@@ -78,8 +86,12 @@ def ran_as_root(container):
 def wait_health_checks(container, count=2):
     """Until the healthcheck has run `count` more times."""
     seen = {entry["Start"] for entry in container.state()["Health"]["Log"]}
-    wait_for(lambda: len({e["Start"] for e in container.state()["Health"]["Log"]} - seen) >= count,
-             30, "the healthcheck to run", container.logs)  # fmt: skip
+    wait_for(
+        lambda: len({e["Start"] for e in container.state()["Health"]["Log"]} - seen) >= count,
+        30,
+        "the healthcheck to run",
+        container.logs,
+    )
 
 
 def restart(container, mode):

@@ -48,16 +48,26 @@ def test_nb_user_change_keeps_users_and_owns_the_home():
 
 
 def test_chown_extra_recursive(tmp_path):
-    env = {"NB_UID": "1010", "NB_GID": "101", "CHOWN_EXTRA": "/home/jovyan,/opt/torchlab/notebooks",
-           "CHOWN_EXTRA_OPTS": "-R"}  # fmt: skip
+    env = {
+        "NB_UID": "1010",
+        "NB_GID": "101",
+        "CHOWN_EXTRA": "/home/jovyan,/opt/torchlab/notebooks",
+        "CHOWN_EXTRA_OPTS": "-R",
+    }
     notebook = sorted(os.listdir(os.path.join(os.path.dirname(__file__), "../../notebooks")))[0]
     out = run(env, "stat", "-c", "%n:%u:%g", "/home/jovyan/.bashrc", f"/opt/torchlab/notebooks/{notebook}").stdout
     assert out.split() == ["/home/jovyan/.bashrc:1010:101", f"/opt/torchlab/notebooks/{notebook}:1010:101"]
 
 
 def test_chown_extra_without_opts_is_not_recursive():
-    out = run({"NB_UID": "1010", "CHOWN_EXTRA": "/opt/torchlab"}, "stat", "-c", "%u", "/opt/torchlab",
-              "/opt/torchlab/notebooks").stdout.split()  # fmt: skip
+    out = run(
+        {"NB_UID": "1010", "CHOWN_EXTRA": "/opt/torchlab"},
+        "stat",
+        "-c",
+        "%u",
+        "/opt/torchlab",
+        "/opt/torchlab/notebooks",
+    ).stdout.split()
     assert out == ["1010", "0"]
 
 
@@ -70,8 +80,14 @@ def test_chown_extra_stops_at_a_mount_it_did_not_name(tmp_path):
     named.mkdir()
     (named / "mine.txt").write_text("mine")
     mounts = ("-v", f"{data}:/opt/extra/data", "-v", f"{named}:/opt/named")
-    out = run({"CHOWN_EXTRA": "/opt/extra,/opt/named", "CHOWN_EXTRA_OPTS": "-R", "NB_UID": "1010"},
-              "stat", "-c", "%u", "/opt/extra", docker_args=mounts).stdout.split()  # fmt: skip
+    out = run(
+        {"CHOWN_EXTRA": "/opt/extra,/opt/named", "CHOWN_EXTRA_OPTS": "-R", "NB_UID": "1010"},
+        "stat",
+        "-c",
+        "%u",
+        "/opt/extra",
+        docker_args=mounts,
+    ).stdout.split()
     assert out == ["1010"]
     assert (data / "keep.txt").stat().st_uid == 4242  # below a named path, but a mount of its own
     assert (named / "mine.txt").stat().st_uid == 1010  # a mount named in CHOWN_EXTRA

@@ -325,8 +325,13 @@ def make_dry_run(host, target, images, *variables):
     }
     return subprocess.run(
         ["make", "-n", target, "IMAGE=torchlab-test", "CA_BUNDLE=", *variables],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def docker_builds(result):

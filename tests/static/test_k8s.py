@@ -75,8 +75,11 @@ def torchrun_flags(args):
 
 
 def test_committed_manifests_are_a_fresh_render():
-    committed = {f"{directory}/{path.name}": path.read_text() for directory in render.OUTPUT_DIRS
-                 for path in (K8S_DIR / directory).glob("*")}  # fmt: skip
+    committed = {
+        f"{directory}/{path.name}": path.read_text()
+        for directory in render.OUTPUT_DIRS
+        for path in (K8S_DIR / directory).glob("*")
+    }
     assert committed == RENDERED, "k8s/ differs from k8s/values.json: run `python3 k8s/render.py`"
 
 

@@ -54,8 +54,10 @@ def test_pypi_requirements_are_the_same_pins():
     def requirements(group):
         out = subprocess.run(
             [sys.executable, str(ROOT / "config/envspec.py"), "requirements", group, str(ENVIRONMENT)],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return dict(line.split("==") for line in out.split())
 
     torch, rest = requirements("torch"), requirements("rest")

@@ -19,10 +19,10 @@ TRAIN_SCRIPT = ROOT / "train.py"
 
 # A tiny network at a small size: a run takes seconds on two CPU cores. Dropout in mobilenet_v3_small also
 # puts torch's RNG state on the path that resume has to reproduce.
-QUICK_RUN = (
-    "--arch", "mobilenet_v3_small", "--image-size", "48", "--batch-size", "16", "--device", "cpu",
-    "--log-interval", "1", "--warmup-epochs", "0", "--optimizer", "adamw", "--lr", "0.005",
-)  # fmt: skip
+QUICK_RUN = tuple(
+    "--arch mobilenet_v3_small --image-size 48 --batch-size 16 --device cpu --log-interval 1 --warmup-epochs 0 "
+    "--optimizer adamw --lr 0.005".split()
+)
 # One thread per process: the same floating-point results in every run, and no threads spinning against
 # each other on a small machine.
 TRAIN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}

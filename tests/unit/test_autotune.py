@@ -1,13 +1,14 @@
-"""tools/autotune.py and the /dev/shm guard: tuned settings saved, read back by --workers auto, never too big."""
+"""torchlab autotune (tools/autotune.py) and the /dev/shm guard: tuned settings saved, read back by --workers auto,
+never too big."""
 
 import os
 
 import pytest
 import torch
 
-from torchlab import config, distributed
+from torchlab import config, distributed, resolve
 from torchlab.data import decode, splits
-from torchlab.pipeline import loader
+from torchlab.pipeline import loader, settings
 from torchlab.tools import autotune, doctor
 
 MB = 10**6
@@ -26,7 +27,7 @@ def test_in_flight_batches_are_lowered_to_fit_and_one_batch_too_many_fails_with_
     # Two processes on the machine share /dev/shm: each gets half.
     assert fitted(2, 4, batch, 128 * MB, processes=2) == (2, 2)
     assert loader.fit_shared_memory(2, 4, batch, 1000 * MB, 2).needed == 2 * (2 * 4 + 2) * batch
-    # Any flag value is fitted at once (it once took a step per unit of --prefetch-factor).
+    # Any flag value is fitted in one step, however large.
     assert fitted(2, 10**30, batch, 64 * MB) == (2, 2)
     assert fitted(10**30, 10**30, batch, 40 * MB) == (2, 1)
     assert fitted(2, 4, batch, 20 * MB) is None
@@ -55,8 +56,8 @@ def test_the_loader_lowers_its_prefetch_to_a_small_shm_and_says_so(sample_set, m
         loader.build_loader(dataset, options(2, 4), torch.device("cpu"), train=True)
 
 
-def resolved(argv):
-    return config.resolve(config.parse_args(argv), distributed.processes_from_environment())
+def resolved(argv, tuning=False):
+    return resolve.resolve(config.parse_args(argv), distributed.processes_from_environment(), tuning)
 
 
 def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
@@ -65,14 +66,14 @@ def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     settings_file = tmp_path / "autotune.json"
     argv = ["--data", str(sample_set), "--image-size", "32", "--batch-size", "8", "--device", "cpu"]
     argv += ["--run-dir", str(tmp_path / "run"), "--autotune-file", str(settings_file)]
-    flags = resolved([*argv, "--autotune", "--autotune-seconds", "1"])
+    flags = resolved([*argv, "--autotune-seconds", "1"], tuning=True)
     batch = loader.batch_bytes(8, 32)
     monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)  # candidates: 1, 2 and 3 workers
     monkeypatch.setattr(autotune, "MIN_SECONDS_EACH", 0.01)  # every setting tried within the 1 s
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # what torch's DataLoader counts
     monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (64 * MB, (2 * 4 + 2) * batch))
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
-    key = autotune.setting_key(flags.data, flags.image_size, flags.batch_size, flags.device, 1)
+    key = settings.setting_key(flags.data, flags.image_size, flags.batch_size, flags.device, 1)
 
     best = autotune.tune(train_index, flags, torch.device("cpu"), key)
 
@@ -83,7 +84,7 @@ def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     assert "    cpu   threads        3        8     on " in table  # threads need no /dev/shm
     assert best["decode"] == "cpu" and "    gpu " not in table  # no CUDA: only the CPU decoder is tried
     assert best["loader"] == "threads" or best["workers"] * best["prefetch_factor"] <= 2 * 4
-    saved = autotune.saved_setting(str(settings_file), key)
+    saved = settings.saved_setting(str(settings_file), key)
     assert {name: saved[name] for name in best} == best
     later = resolved(argv)
     assert (later.workers, later.prefetch_factor, later.jpeg_draft, later.decode, later.autotuned) == (
@@ -96,7 +97,7 @@ def test_autotune_saves_the_fastest_setting_that_fits_and_workers_auto_reads_it(
     explicit = resolved([*argv, "--workers", "1"])
     assert (explicit.workers, explicit.prefetch_factor, explicit.autotuned) == (
         1,
-        loader.DEFAULT_THREAD_BATCHES_AHEAD,
+        config.DEFAULT_THREAD_BATCHES_AHEAD,
         False,
     )
     assert not resolved([*argv, "--batch-size", "16"]).autotuned
@@ -124,13 +125,13 @@ def test_the_doctors_shared_memory_row_agrees_with_the_loader(sample_set, monkey
     )
     row = next(check for check in report if check.name == "shared memory")
 
-    flags = resolved(["--data", str(sample_set), "--batch-size", "8", "--image-size", "32", "--device", "cpu",
-                      "--autotune-file", os.devnull, "--loader", "processes"])  # fmt: skip
+    argv = ["--data", str(sample_set), "--autotune-file", os.devnull]
+    flags = resolved([*argv, *"--batch-size 8 --image-size 32 --device cpu --loader processes".split()])
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
     dataset = decode.ImageDataset(train_index, image_size=32, train=True, seed=0)
     assert row.facts["workers"] == flags.workers == min(loader.MAX_AUTO_WORKERS, cpus)
     try:
-        train_loader = loader.build_loader(dataset, flags.loader_settings(), torch.device("cpu"), train=True)
+        train_loader = loader.build_loader(dataset, resolve.loader_settings(flags), torch.device("cpu"), train=True)
     except loader.SharedMemoryError:
         assert row.status == doctor.FAIL
         return
@@ -155,8 +156,8 @@ def test_a_setting_saved_before_decoders_were_tuned_still_applies_with_the_cpu_d
     settings_file = tmp_path / "autotune.json"
     argv = ["--data", str(sample_set), "--device", "cpu", "--run-dir", str(tmp_path / "run")]
     argv += ["--autotune-file", str(settings_file)]
-    key = autotune.setting_key(str(sample_set), 224, 64, "cpu", 1)
-    autotune.save_setting(str(settings_file), key, {"workers": 1, "prefetch_factor": 2, "jpeg_draft": False})
+    key = settings.setting_key(str(sample_set), 224, 64, "cpu", 1)
+    settings.save_setting(str(settings_file), key, {"workers": 1, "prefetch_factor": 2, "jpeg_draft": False})
 
     cfg = resolved(argv)
     assert (cfg.workers, cfg.prefetch_factor, cfg.jpeg_draft, cfg.decode, cfg.autotuned) == (1, 2, False, "cpu", True)
@@ -168,7 +169,7 @@ def test_autotune_shares_what_is_left_of_its_budget_after_the_start(sample_set, 
     # import, indexing), each setting gets at least MIN_SECONDS_EACH, and what cannot fit is left untried.
     argv = ["--data", str(sample_set), "--image-size", "32", "--batch-size", "8", "--device", "cpu"]
     argv += ["--run-dir", str(tmp_path / "run"), "--autotune-file", str(tmp_path / "autotune.json")]
-    flags = resolved([*argv, "--autotune", "--autotune-seconds", "10"])
+    flags = resolved([*argv, "--autotune-seconds", "10"], tuning=True)
     monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)
     given = []
 
@@ -188,3 +189,25 @@ def test_autotune_shares_what_is_left_of_its_budget_after_the_start(sample_set, 
     candidates = len(autotune.candidate_settings(2, ("cpu",)))
     assert len(given) == min(candidates, int(left // autotune.MIN_SECONDS_EACH))
     assert any("not tried within --autotune-seconds 10" in line for line in lines) == (len(given) < candidates)
+
+
+def test_autotune_is_a_command_of_its_own_and_train_has_no_autotune_mode(sample_set, tmp_path, monkeypatch, capsys):
+    settings_file = tmp_path / "autotune.json"
+    argv = ["--data", str(sample_set), "--image-size", "32", "--batch-size", "8", "--device", "cpu"]
+    argv += ["--autotune-file", str(settings_file), "--autotune-seconds", "2", "--run-dir", str(tmp_path / "run")]
+    monkeypatch.setattr(autotune, "process_age_seconds", lambda: 0.0)  # this pytest process is older than 2 s
+    monkeypatch.setattr(autotune, "MIN_SECONDS_EACH", 0.2)
+    monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 1)
+
+    autotune.main(argv, prog="torchlab autotune")
+
+    assert "autotune: best --decode cpu" in capsys.readouterr().out
+    key = settings.setting_key(str(sample_set), 32, 8, "cpu", 1)
+    assert settings.saved_setting(str(settings_file), key)["decode"] == "cpu"
+    assert not (tmp_path / "run").exists()  # autotune writes no run
+    with pytest.raises(SystemExit) as exit_info:
+        autotune.main([*argv, "--data", str(tmp_path / "absent")], prog="torchlab autotune")
+    assert exit_info.value.code == 2 and capsys.readouterr().err.startswith("torchlab autotune: error: ")
+    with pytest.raises(SystemExit) as exit_info:
+        config.parse_args(["--autotune"])
+    assert exit_info.value.code == 2 and "ambiguous option: --autotune could match" in capsys.readouterr().err

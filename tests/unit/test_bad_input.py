@@ -45,7 +45,7 @@ def make_layout(root, layout):
         ((), ("--arch", "resnet_nonexistent"), "--arch resnet_nonexistent: not a torchvision classification model"),
         ((), ("--weights", "missing.pth"), "--weights missing.pth: no such file"),
         ((), ("--resume", "missing.pt"), "--resume missing.pt: expected auto, none or a checkpoint file"),
-        # Found by test_generated_flags.py: values that used to end in a traceback.
+        # Values test_generated_flags.py found that ended in a traceback.
         ((), ("--seed", str(2**64)), "argument --seed: expected an integer >= 0 and < 4294967296"),
         ((), ("--lr", "1e308"), "argument --lr: expected a number > 0 and <= 1000"),
         ((), ("--image-size", "100000"), "argument --image-size: expected an integer > 0 and <= 4096"),

@@ -119,8 +119,8 @@ def test_the_ready_rows_read_torchlabs_loaders_without_the_device_step(bench_set
 def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
     threads = torch.get_num_threads()
     try:
-        bench.main(["--images", "24", "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out"),
-                    "--repetitions", "1", "--batch-size", "4", "--device", "cpu"])  # fmt: skip
+        folders = ["--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out")]
+        bench.main([*folders, *"--images 24 --repetitions 1 --batch-size 4 --device cpu".split()])
     finally:
         torch.set_num_threads(threads)  # main runs this process on one thread, as the bench does
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
@@ -147,8 +147,9 @@ def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
 def test_the_gpu_decode_row_is_measured_as_the_others(bench_set, tmp_path):
     # On a CPU device DeviceDecoder decodes with torchvision's CPU decoder: the row's machinery, a dry run.
     prepared.prepare(str(bench_set), str(tmp_path / "prepared"), processes=2)
-    bench.run_bench(str(bench_set), str(tmp_path / "prepared"), str(tmp_path / "out"), batch_size=4, repetitions=1,
-                    device=torch.device("cpu"), print_line=lambda line: None, gpu_decode=True)  # fmt: skip
+    folders = str(bench_set), str(tmp_path / "prepared"), str(tmp_path / "out")
+    cpu = torch.device("cpu")
+    bench.run_bench(*folders, batch_size=4, repetitions=1, device=cpu, print_line=lambda line: None, gpu_decode=True)
     row = json.loads((tmp_path / "out" / "bench.json").read_text())["pipelines"][bench.GPU_DECODE]
     assert row["images_per_sec"] > 0 and row["ready_images_per_sec"] > 0 and 0 <= row["data_wait_frac"] <= 1
     assert row["limit"] in ("read file + augmentation draw", "collate", "transfer", "device step")
@@ -207,8 +208,8 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, flags, message)
     paths = {"file": tmp_path / "file", "tiny": tmp_path / "tiny", "bad": tmp_path / "bad"}
     threads = torch.get_num_threads()
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out"), "--device", "cpu",
-                    *(flag.format(**paths) for flag in flags)])  # fmt: skip
+        folders = ["--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out")]
+        bench.main([*folders, "--device", "cpu", *(flag.format(**paths) for flag in flags)])
     torch.set_num_threads(threads)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err

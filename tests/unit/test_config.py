@@ -7,8 +7,7 @@ import sys
 import pytest
 
 from conftest import QUICK_RUN, ROOT, TRAIN_ENV, run_train
-from torchlab import config, distributed
-from torchlab.pipeline import loader
+from torchlab import config, distributed, resolve
 
 
 def test_every_flag_has_its_default_and_help_from_the_dataclass():
@@ -85,10 +84,10 @@ def test_null_is_the_default_where_that_is_none(tmp_path):
 
 def test_resolve_fills_in_every_auto(tmp_path):
     flags = config.parse_args(["--run-dir", str(tmp_path / "run"), "--device", "cpu", "--autotune-file", "/dev/null"])
-    resolved = config.resolve(flags, distributed.Processes())
+    resolved = resolve.resolve(flags, distributed.Processes())
     assert resolved.device == "cpu" and resolved.amp == "off" and resolved.pin_memory is False
     assert isinstance(resolved.workers, int) and resolved.jpeg_draft is True
-    assert resolved.loader == "threads" and resolved.prefetch_factor == loader.DEFAULT_THREAD_BATCHES_AHEAD
+    assert resolved.loader == "threads" and resolved.prefetch_factor == config.DEFAULT_THREAD_BATCHES_AHEAD
     assert resolved.lr == pytest.approx(0.1 * 64 / 256) and resolved.resume_path is None
 
 

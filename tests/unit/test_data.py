@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
-from torchlab.data import decode, folder, prepared, splits
-from torchlab.tools import doctor, sample_data
+from torchlab.data import decode, folder, splits
+from torchlab.tools import doctor, prepare, sample_data
 
 
 def save_image(path, mode="RGB", size=(60, 40), **save_options):
@@ -136,7 +136,7 @@ def test_an_unlistable_entry_is_one_line_naming_it_for_train_and_prepare(tmp_pat
             splits.load_splits(str(tmp_path / "data"), val_fraction=0.0, seed=0)
         assert str(error.value) == message
         with pytest.raises(SystemExit) as exit_info:
-            prepared.main([str(tmp_path / "data"), str(tmp_path / "prepared")])
+            prepare.main([str(tmp_path / "data"), str(tmp_path / "prepared")])
     finally:
         (tmp_path / "data" / "a" / "secret").chmod(0o755)
     assert exit_info.value.code == 2

@@ -1,4 +1,4 @@
-"""--decode gpu's pipeline (data.device_decode), run on the CPU: the workers send encoded files and the
+"""--decode gpu's pipeline (pipeline/device_decode.py), run on the CPU: the workers send encoded files and the
 augmentation drawn for them, DeviceDecoder decodes (torchvision's decode_jpeg, here its CPU decoder; on a GPU
 nvJPEG, which `make gpu-check` measures), crops, resizes, flips and normalises. It must give what --decode cpu
 gives for the same (seed, epoch, position), fall back to the CPU for files the device does not decode, and
@@ -15,10 +15,10 @@ import torch
 from PIL import Image
 
 from conftest import run_train
-from torchlab import config, distributed
-from torchlab.data import decode, device_decode, folder, prepared, splits
-from torchlab.pipeline import loader
-from torchlab.tools import bench_resize
+from torchlab import config, distributed, resolve
+from torchlab.data import decode, folder, prepared, splits
+from torchlab.pipeline import device_decode, loader
+from torchlab.tools import gpu_check
 
 CPU = torch.device("cpu")
 # DeviceDecoder runs on the CPU everywhere (torchvision's CPU decoder), and on the GPU where CUDA is visible.
@@ -39,7 +39,7 @@ def assert_same_crops(device, device_images, cpu_images):
     if device.type == "cpu":
         assert (device_images - cpu_images).abs().max() <= LEVELS
     else:
-        crops_db = [bench_resize.psnr(ours, theirs) for ours, theirs in zip(device_images, cpu_images, strict=True)]
+        crops_db = [gpu_check.psnr(ours, theirs) for ours, theirs in zip(device_images, cpu_images, strict=True)]
         assert min(crops_db) >= NVJPEG_MIN_DB, crops_db
 
 
@@ -141,8 +141,10 @@ def test_a_file_the_device_refuses_goes_to_the_cpu_path_and_is_reported_when_tha
     whole = next(sample_set.rglob("*.JPEG")).read_bytes()
     with Image.open(next(sample_set.rglob("*.JPEG"))) as opened:
         box = (0, 0, *opened.size)
-    samples = [device_decode.EncodedSample(data, box, False, None, label, position)
-               for data, label, position in ((whole, 1, 10), (whole[:4000], 2, 11))]  # fmt: skip
+    samples = [
+        device_decode.EncodedSample(data, box, False, None, label, position)
+        for data, label, position in ((whole, 1, 10), (whole[:4000], 2, 11))
+    ]
     batch, labels, _ = device_decode.EncodedImageDataset.collate(samples)
     step = device_decode.DeviceDecoder(CPU, SIZE)  # torchvision's CPU decoder refuses the cut-off file
 
@@ -153,8 +155,9 @@ def test_a_file_the_device_refuses_goes_to_the_cpu_path_and_is_reported_when_tha
 def test_batches_decodes_the_next_batch_ahead_in_order_and_stops_when_the_caller_does(sample_set):
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
     dataset = device_decode.EncodedImageDataset(train_index.subset(np.arange(24)), SIZE, train=True, seed=1)
-    host_batches = [dataset.collate([dataset[(position, 0)] for position in range(start, start + 6)])
-                    for start in range(0, 24, 6)]  # fmt: skip
+    host_batches = [
+        dataset.collate([dataset[(position, 0)] for position in range(start, start + 6)]) for start in range(0, 24, 6)
+    ]
     step = device_decode.DeviceDecoder(CPU, SIZE)
     one_at_a_time = [step(batch, labels)[0] for batch, labels, _ in host_batches]
     taken = []
@@ -225,8 +228,8 @@ def test_train_py_decodes_on_the_cpu_without_cuda_and_saves_the_choice(sample_se
     if torch.cuda.is_available():
         pytest.skip("CUDA is visible: --decode auto may mean gpu here")
     run_dir = tmp_path / "run"
-    result = run_train("--data", sample_set, "--run-dir", run_dir, "--loader-only", "--batch-size", "8",
-                       "--workers", "1", "--image-size", "32", timeout=180)  # fmt: skip
+    small = "--loader-only --batch-size 8 --workers 1 --image-size 32".split()
+    result = run_train("--data", sample_set, "--run-dir", run_dir, *small, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "; --decode cpu (auto);" in result.stdout and "(1 decode threads, --decode cpu)" in result.stdout
     assert '"decode": "cpu"' in (run_dir / "config.json").read_text()
@@ -249,9 +252,9 @@ def test_the_resolved_decoder_follows_the_flags(sample_set, tmp_path):
     processes = distributed.processes_from_environment()
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
     for flags, expected in (([], "cpu"), (["--decode", "cpu"], "cpu")):
-        cfg = config.resolve(config.parse_args([*argv, *flags]), processes)
+        cfg = resolve.resolve(config.parse_args([*argv, *flags]), processes)
         assert cfg.decode == ("auto" if not flags else "cpu")
-        assert config.resolve_decoder(cfg, train_index).decode == expected
+        assert resolve.resolve_decoder(cfg, train_index).decode == expected
 
 
 def test_the_encoded_batch_budget_covers_large_files(sample_set):

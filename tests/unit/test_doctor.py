@@ -10,8 +10,8 @@ import torch
 
 from conftest import ROOT, torchlab_command
 from torchlab import config
-from torchlab.data import device_decode, prepared, splits
-from torchlab.pipeline import loader
+from torchlab.data import prepared, splits
+from torchlab.pipeline import device_decode, loader
 from torchlab.tools import doctor
 
 MIB = 2**20
@@ -272,8 +272,16 @@ def test_the_decoder_row_says_where_train_py_decodes(sample_set, tmp_path):
 def test_the_shared_memory_row_sizes_batches_as_the_loader_does_with_decode_gpu(sample_set, tmp_path):
     """With --decode gpu the workers send encoded files, which the loader budgets by their size (here larger than
     32 px crops): the doctor's row uses the same figure."""
-    report = doctor.run_checks(str(sample_set), workers=2, prefetch_factor=4, batch_size=8, image_size=32,
-                               run_dir=str(tmp_path / "run"), decoder="gpu", backend="processes")  # fmt: skip
+    report = doctor.run_checks(
+        str(sample_set),
+        workers=2,
+        prefetch_factor=4,
+        batch_size=8,
+        image_size=32,
+        run_dir=str(tmp_path / "run"),
+        decoder="gpu",
+        backend="processes",
+    )
     shm = next(check for check in report if check.name == "shared memory")
     _, train_index, _ = splits.load_splits(str(sample_set), config.DEFAULTS.val_fraction, config.DEFAULTS.seed)
     encoded = device_decode.EncodedImageDataset(train_index, 32, train=True, seed=0)

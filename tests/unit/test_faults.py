@@ -32,8 +32,11 @@ def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(sample_set, t
     args = ("--data", sample_set, "--run-dir", run_dir, "--epochs", 3, "--workers", 0, *QUICK_RUN)
     process = subprocess.Popen(
         [sys.executable, "-c", HANG_AT_SECOND_CHECKPOINT, *map(str, args)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**TRAIN_ENV, "MARKER": str(marker)},
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**TRAIN_ENV, "MARKER": str(marker)},
+    )
     try:
         wait_until(marker.exists, "the second checkpoint's temporary file", process=process)
         assert [name for name in os.listdir(run_dir) if name.startswith(".checkpoint-")]

@@ -4,7 +4,8 @@ directory written halfway.
 
 Each example mixes flags with values train.py accepts (from ranges a test runs in seconds) and, half the
 time, one flag with generated text, which it may accept or must refuse. Left out: --compile (minutes on two
-cores; test_model.py), --autotune (its own tests) and --weights with a real file (test_model.py).
+cores; test_model.py), --autotune-seconds (read by torchlab autotune only) and --weights with a real file
+(test_model.py).
 """
 
 import string
@@ -85,9 +86,13 @@ def run_with_fixed_flags(sample_set, scratch, argv):
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["--workers", "2", "--prefetch-factor", "1", "--no-jpeg-draft"], ["--optimizer", "sgd", "--lr", "0.5",
-     "--amp", "fp16", "--seed", "7", "--label-smoothing", "0"], ["--loader-only", "--batch-size", "8"]],
-)  # fmt: skip
+    [
+        [],
+        ["--workers", "2", "--prefetch-factor", "1", "--no-jpeg-draft"],
+        ["--optimizer", "sgd", "--lr", "0.5", "--amp", "fp16", "--seed", "7", "--label-smoothing", "0"],
+        ["--loader-only", "--batch-size", "8"],
+    ],
+)
 def test_accepted_flags_train(sample_set, capsys, signal_handlers_restored, argv):
     """The control for the property below: flags it draws from VALID do train (a train.py that refused
     everything with one clear line would pass the property test alone)."""

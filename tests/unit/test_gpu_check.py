@@ -2,31 +2,35 @@
 "gpu" decoder then runs torchvision's CPU decoder), so that it does not first break on the GPU machine."""
 
 import json
+import math
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import TRAIN_ENV, torchlab_command
 from torchlab.data import decode
 from torchlab.pipeline import loader
+from torchlab.tools import bench_data, gpu_check
 
 
 def test_the_dry_run_reports_every_figure(tmp_path):
     out_dir = tmp_path / "out"
-    command = torchlab_command("gpu-check", "--device", "cpu", "--images", 24, "--batch-size", 8, "--steps", 4,
-                               "--arch", "mobilenet_v3_small", "--samples", 8, "--cache-dir", tmp_path / "cache",
-                               "--out-dir", out_dir)  # fmt: skip
+    small = "--device cpu --images 24 --batch-size 8 --steps 4 --arch mobilenet_v3_small --samples 8".split()
+    command = torchlab_command("gpu-check", *small, "--cache-dir", tmp_path / "cache", "--out-dir", out_dir)
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=TRAIN_ENV, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
 
     report = json.loads((out_dir / "gpu_check.json").read_text())
-    assert set(report["decode"]) == {f"{source} --decode {decoder}" for source in ("raw", "prepared")
-                                     for decoder in ("cpu", "gpu")}  # fmt: skip
+    assert set(report["decode"]) == {
+        f"{source} --decode {decoder}" for source in ("raw", "prepared") for decoder in ("cpu", "gpu")
+    }
     assert all(rate > 0 for rate in report["decode"].values())
     counts = sorted({1, 2, 4, 8, loader.usable_cpu_count()} & set(range(1, loader.usable_cpu_count() + 1)))
-    assert set(report["scaling"]) == {f"{backend} --decode {decoder}" for backend in ("threads", "processes")
-                                      for decoder in ("cpu", "gpu")}  # fmt: skip
+    assert set(report["scaling"]) == {
+        f"{backend} --decode {decoder}" for backend in ("threads", "processes") for decoder in ("cpu", "gpu")
+    }
     assert all(list(map(int, rates)) == counts and min(rates.values()) > 0 for rates in report["scaling"].values())
     assert set(report["model_only"]) == {"--compile off"} and report["model_only"]["--compile off"] > 0
     # train.py refuses --decode gpu without CUDA, and --compile is left to a GPU host
@@ -68,3 +72,15 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, flags, message):
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"torchlab gpu-check: error: {message.format(file=tmp_path / 'file')}")
     assert not (tmp_path / "cache" / "images-20").exists()  # nothing generated
+
+
+def test_psnr_of_known_differences():
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+    assert gpu_check.psnr(image, image.copy()) == math.inf
+    one_level = np.full((8, 8, 3), 100, dtype=np.uint8)
+    assert gpu_check.psnr(one_level + 1, one_level) == pytest.approx(20 * math.log10(255), abs=1e-9)  # 48.13
+    assert gpu_check.psnr(one_level, one_level + 1) == pytest.approx(48.13, abs=0.01)  # no uint8 wrap-around
+    assert gpu_check.psnr(np.zeros_like(one_level), np.full_like(one_level, 255)) == pytest.approx(0.0)
+    photo = bench_data.natural_image(rng, (96, 80))
+    assert gpu_check.psnr(np.roll(photo, 3, axis=1), photo) < 35  # a shifted photo is far from itself

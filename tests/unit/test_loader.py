@@ -203,13 +203,14 @@ def test_worker_memory_does_not_grow_with_the_number_of_samples():
     list_growth = bench.memory_growth_in_a_fork(read_list)
 
     # A list of str copies every page of its ~200k objects into the reader (~10 MB and more); the index none.
-    assert list_growth > 8 * 2**20, "the measurement no longer sees copy-on-write"
+    assert list_growth > 8 * 2**20, "the measurement does not see copy-on-write"
     assert compact_growth < 2 * 2**20
 
 
 def thread_options(threads, batches_ahead=2):
-    return loader.LoaderSettings(batch_size=8, workers=threads, prefetch_factor=batches_ahead, backend="threads",
-                                 pin_memory=False)  # fmt: skip
+    return loader.LoaderSettings(
+        batch_size=8, workers=threads, prefetch_factor=batches_ahead, backend="threads", pin_memory=False
+    )
 
 
 def test_threads_yield_the_batches_worker_processes_yield(sample_set):
@@ -245,9 +246,13 @@ def test_thread_loader_counts_batches_as_the_dataloader_does():
         data_loader = loader.build_loader(KeyDataset(103), settings, torch.device("cpu"), train, rank, world_size)
         whole = list(data_loader)
         reference = loader.build_loader(
-            KeyDataset(103), dataclasses.replace(settings, backend="processes", workers=0), torch.device("cpu"),
-            train, rank, world_size,
-        )  # fmt: skip
+            KeyDataset(103),
+            dataclasses.replace(settings, backend="processes", workers=0),
+            torch.device("cpu"),
+            train,
+            rank,
+            world_size,
+        )
         assert whole == list(reference)
         assert loader.batches_per_epoch(data_loader) == len(data_loader) == len(whole) == batches
         data_loader.sampler.set_epoch(0, skip=2 * 4)

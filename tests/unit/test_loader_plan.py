@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import QUICK_RUN
-from torchlab import train
+from torchlab import config, train
 from torchlab.pipeline import loader, plan
 
 MB = 1_000_000
@@ -22,7 +22,7 @@ def test_auto_takes_threads_where_dev_shm_cannot_hold_the_workers_batches():
     """Docker's default 64 MB /dev/shm: batch 256 of 224 px does not fit one worker process (it refused to start,
     issue 26); auto then decodes in threads with the CPUs' share of them, and says why."""
     used = plan_for()
-    assert (used.backend, used.workers, used.prefetch_factor) == ("threads", 2, loader.DEFAULT_THREAD_BATCHES_AHEAD)
+    assert (used.backend, used.workers, used.prefetch_factor) == ("threads", 2, config.DEFAULT_THREAD_BATCHES_AHEAD)
     assert "/dev/shm has 64 MB free" in used.reasons["backend"]
     assert "threads" in used.describe() and "/dev/shm" in used.describe()
     with pytest.raises(loader.SharedMemoryError, match="--loader threads"):
@@ -40,14 +40,24 @@ def test_processes_lowered_to_fit_are_recorded_as_lowered():
 
 
 def test_a_saved_setting_gives_backend_workers_and_batches_for_workers_auto():
-    tuned = {"loader": "processes", "workers": 3, "prefetch_factor": 8, "jpeg_draft": False,
-             "tuned_at": "2025-01-02T03:04:05+0000"}  # fmt: skip
+    tuned = {
+        "loader": "processes",
+        "workers": 3,
+        "prefetch_factor": 8,
+        "jpeg_draft": False,
+        "tuned_at": "2025-01-02T03:04:05+0000",
+    }
     used = plan_for(tuned, shm_free=None)
     assert (used.backend, used.workers, used.prefetch_factor, used.jpeg_draft, used.autotuned) == (
-        "processes", 3, 8, False, True)  # fmt: skip
+        "processes",
+        3,
+        8,
+        False,
+        True,
+    )
     assert used.reasons["workers"] == "autotuned (saved 2025-01-02, for these flags)"
     explicit = plan_for(tuned, shm_free=None, workers=1)
-    assert (explicit.backend, explicit.workers, explicit.autotuned) == (plan.DEFAULT_BACKEND, 1, False)
+    assert (explicit.backend, explicit.workers, explicit.autotuned) == (config.DEFAULT_BACKEND, 1, False)
     old = plan_for({k: v for k, v in tuned.items() if k != "loader"}, shm_free=None)  # saved before threads
     assert old.backend == "processes"
 
@@ -65,12 +75,13 @@ def read_jsonl(path):
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        ((), {"loader": "threads", "workers": 2, "prefetch_factor": loader.DEFAULT_THREAD_BATCHES_AHEAD}),
+        ((), {"loader": "threads", "workers": 2, "prefetch_factor": config.DEFAULT_THREAD_BATCHES_AHEAD}),
         (("--loader", "processes"), {"loader": "processes", "workers": 1, "prefetch_factor": 1}),
     ],
 )
-def test_train_records_the_plan_it_used(sample_set, tmp_path, capsys, monkeypatch, signal_handlers_restored, flags,
-                                        expected):  # fmt: skip
+def test_train_records_the_plan_it_used(
+    sample_set, tmp_path, capsys, monkeypatch, signal_handlers_restored, flags, expected
+):
     """/dev/shm made small for batch 16 x 224 px (2.4 MB): 8 MB free holds one worker's one batch, no more. The
     start line, metrics.jsonl's first record and config.json all show the loader as used, with the reason."""
     monkeypatch.setattr(loader, "shared_memory_bytes", lambda path=loader.SHM_PATH: (64 * MB, 8 * MB))
@@ -78,15 +89,20 @@ def test_train_records_the_plan_it_used(sample_set, tmp_path, capsys, monkeypatc
     run_dir = tmp_path / "run"
     quick = [flag for flag in QUICK_RUN]
     quick[quick.index("--image-size") + 1] = "224"
-    train.main(["--data", str(sample_set), "--run-dir", str(run_dir), "--loader-only", "--max-steps", "2",
-                *flags, *quick])  # fmt: skip
+    train.main(
+        ["--data", str(sample_set), "--run-dir", str(run_dir), "--loader-only", "--max-steps", "2", *flags, *quick]
+    )
 
     out = capsys.readouterr().out
     config = json.loads((run_dir / "config.json").read_text())
     first = read_jsonl(run_dir / "metrics.jsonl")[0]
     assert {key: config[key] for key in expected} == expected
-    assert first["kind"] == "loader_plan" and first == {"kind": "loader_plan", "epoch": 0, "step": 0,
-                                                        **config["loader_plan"]}  # fmt: skip
+    assert first["kind"] == "loader_plan" and first == {
+        "kind": "loader_plan",
+        "epoch": 0,
+        "step": 0,
+        **config["loader_plan"],
+    }
     assert first["backend"] == expected["loader"] and first["workers"] == expected["workers"]
     reason = first["reasons"]["backend" if not flags else "workers"]
     assert "/dev/shm has 8 MB free" in reason

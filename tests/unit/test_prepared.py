@@ -11,7 +11,7 @@ from PIL import Image
 
 from torchlab.data import decode, folder, prepared, splits
 from torchlab.pipeline import loader
-from torchlab.tools import doctor
+from torchlab.tools import doctor, prepare
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_an_interrupted_conversion_is_never_read_and_resumes_to_the_same_bytes(
     monkeypatch.setattr(prepared, "resized_jpeg", convert)
     assert prepared.prepare(str(sample_set), str(out_dir), processes=1)
     assert (out_dir / prepared.DATA_FILE).read_bytes() == (prepared_set / prepared.DATA_FILE).read_bytes()
-    assert not prepared.prepare(str(sample_set), str(out_dir))  # finished: nothing to do
+    assert not prepared.prepare(str(sample_set), str(out_dir), processes=1)  # finished: nothing to do
 
 
 def test_a_copy_whose_source_changed_is_refused(sample_set, tmp_path):
@@ -156,7 +156,7 @@ def test_a_folder_that_is_not_a_prepared_copy_is_never_written_into(sample_set, 
 )
 def test_bad_flags_are_one_line_and_exit_code_2(sample_set, tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
-        prepared.main([str(sample_set), str(tmp_path / "copy"), *flags])
+        prepare.main([str(sample_set), str(tmp_path / "copy"), *flags])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith(f"torchlab prepare: error: {message}")
     assert not (tmp_path / "copy").exists()
@@ -166,7 +166,7 @@ def test_a_missing_source_is_one_line_naming_it_without_a_data_flag(tmp_path, ca
     """prepare has no --data: the line said "--data SOURCE: no such folder"."""
     source = tmp_path / "absent"
     with pytest.raises(SystemExit) as exit_info:
-        prepared.main([str(source), str(tmp_path / "copy")])
+        prepare.main([str(source), str(tmp_path / "copy")])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith(f"torchlab prepare: error: {source}: no such folder; mount your images there")

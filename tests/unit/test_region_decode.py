@@ -24,8 +24,7 @@ else:
     torchlab_jpeg = pytest.importorskip("torchlab_jpeg", reason="torchlab_jpeg is not built here (make build does)")
 
 # (mode, subsampling, progressive) of the varied files: 4:4:4, 4:2:2, 4:2:0, grey, CMYK, progressive
-KINDS = [("RGB", 0, False), ("RGB", 1, False), ("RGB", 2, False), ("L", 0, False), ("CMYK", 0, False),
-         ("RGB", 2, True)]  # fmt: skip
+KINDS = [("RGB", 0, False), ("RGB", 1, False), ("RGB", 2, False), ("L", 0, False), ("CMYK", 0, False), ("RGB", 2, True)]
 
 
 def jpeg_bytes(pixels, mode, subsampling, progressive, quality):
@@ -50,8 +49,11 @@ def varied_jpegs(count=200, seed=0):
         left, top = int(rng.integers(0, width)), int(rng.integers(0, height))
         right, bottom = int(rng.integers(left + 1, width + 1)), int(rng.integers(top + 1, height + 1))
         edge = number % 5  # 0: left and top edges, 1: right and bottom, 2: the whole image, else inside
-        box = [(0, 0, right, bottom), (left, top, width, height), (0, 0, width, height)][edge] if edge < 3 else (
-            left, top, right, bottom)  # fmt: skip
+        box = (
+            [(0, 0, right, bottom), (left, top, width, height), (0, 0, width, height)][edge]
+            if edge < 3
+            else (left, top, right, bottom)
+        )
         yield jpeg_bytes(pixels, mode, subsampling, progressive, int(rng.integers(60, 98))), mode, progressive, box
 
 

@@ -120,8 +120,8 @@ def test_max_steps_after_a_mid_epoch_resume_is_exact(tiny_set, tmp_path):
 
 def test_torchrun_resume_after_sigterm_stops_at_max_steps_exactly(tiny_set, tmp_path):
     """Two processes, 6 steps an epoch (13 images each, in batches of 2): SIGTERM to rank 1 alone at step 4, then
-    --max-steps 8 stops at step 8 (it used to run to the epoch's end, step 12), and every step's loss is the
-    uninterrupted run's."""
+    --max-steps 8 stops at step 8, not at the epoch's end (step 12), and every step's loss is the uninterrupted
+    run's."""
     script = tmp_path / "train_with_sigterm.py"
     script.write_text(SIGTERM_DURING_STEP)
     env = {**TRAIN_ENV, "PYTHONPATH": str(ROOT), "SIGTERM_AT_STEP": "4", "SIGTERM_RANK": "1"}

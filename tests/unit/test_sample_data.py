@@ -60,8 +60,13 @@ def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
 
 def test_a_folder_it_cannot_write_in_is_one_line(tmp_path):
     (tmp_path / "file").write_bytes(b"")
-    result = subprocess.run(torchlab_command("sample-data", str(tmp_path / "file" / "samples")),
-                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    result = subprocess.run(
+        torchlab_command("sample-data", str(tmp_path / "file" / "samples")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2
     assert result.stderr == (
         f"torchlab sample-data: error: {tmp_path}/file/samples: {tmp_path}/file is a file, not a folder\n"

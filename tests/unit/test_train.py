@@ -176,10 +176,9 @@ def test_loader_only_reports_images_per_second(sample_set, tmp_path):
 
 def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_path):
     run_dir = tmp_path / "run"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAIN_SCRIPT),
-        "--data", str(sample_set), "--run-dir", str(run_dir), "--epochs", "2", "--workers", "1", *QUICK_RUN,
-    ]  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    train_flags = ["--data", str(sample_set), "--run-dir", str(run_dir), "--epochs", "2", "--workers", "1"]
+    command = [*torchrun, str(TRAIN_SCRIPT), *train_flags, *QUICK_RUN]
     result = subprocess.run(command, capture_output=True, text=True, env=TRAIN_ENV, timeout=300, check=False)
 
     assert result.returncode == 0, result.stderr[-3000:]

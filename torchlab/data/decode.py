@@ -117,9 +117,12 @@ def resize_box(image, box, size, flip, dtype=None):
     left, top, right, bottom = (round(coordinate) for coordinate in box)
     crop = image[:, :, top : top + max(1, bottom - top), left : left + max(1, right - left)]
     resized = torch.nn.functional.interpolate(
-        crop if dtype is None else crop.to(dtype), size=(size, size), mode="bilinear", antialias=True,
+        crop if dtype is None else crop.to(dtype),
+        size=(size, size),
+        mode="bilinear",
+        antialias=True,
         align_corners=False,
-    )  # fmt: skip
+    )
     return resized.flip(3) if flip else resized
 
 

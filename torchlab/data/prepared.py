@@ -27,9 +27,8 @@ from io import BytesIO
 import numpy as np
 from PIL import Image
 
-from torchlab import config, io
+from torchlab import io
 from torchlab.data import decode, folder
-from torchlab.pipeline import loader
 
 DATA_FILE = "images.bin"
 INDEX_FILE = "index.npz"
@@ -38,7 +37,6 @@ PROGRESS_FILE = "progress.json"  # images and bytes of images.bin and lengths.pa
 FORMAT_VERSION = 1
 CHECKPOINT_IMAGES = 256
 JPEG_MAX_SIDE = 65500  # libjpeg's largest side, in pixels
-jpeg_quality = config.number(int, 1, at_most=100)  # --quality
 SPLITS = ("train", "val")
 OWN_FILES = (DATA_FILE, INDEX_FILE, LENGTHS_FILE, PROGRESS_FILE)  # what a prepared copy's folder holds
 
@@ -117,8 +115,9 @@ def check_out_dir(source, out_dir):
         )
 
 
-def prepare(source, out_dir, short_side=256, quality=90, val_fraction=0.1, seed=0, processes=None):
-    """Convert the ImageFolder at `source` into a prepared copy at `out_dir`, continuing an interrupted run.
+def prepare(source, out_dir, short_side=256, quality=90, val_fraction=0.1, seed=0, *, processes):
+    """Convert the ImageFolder at `source` into a prepared copy at `out_dir` with `processes` worker processes,
+    continuing an interrupted run.
 
     Returns False when `out_dir` is already a finished copy of `source` as it is now (nothing is done).
     """
@@ -149,7 +148,7 @@ def prepare(source, out_dir, short_side=256, quality=90, val_fraction=0.1, seed=
     with (
         open(data_path, "ab") as data_file,
         open(lengths_path, "ab") as lengths_file,
-        multiprocessing.get_context("fork").Pool(processes or loader.usable_cpu_count()) as pool,
+        multiprocessing.get_context("fork").Pool(processes) as pool,
     ):
         for number, encoded in enumerate(pool.imap(resized_jpeg_or_empty, jobs, chunksize=8), start=done + 1):
             data_file.write(encoded)
@@ -251,34 +250,3 @@ def open_prepared(root):
     everything = PreparedIndex(os.path.join(root, DATA_FILE), starts, ends, labels, paths)
     split_indexes = [everything.subset(np.flatnonzero(splits == number)) for number in range(len(SPLITS))]
     return manifest["class_names"], *split_indexes
-
-
-def main(argv=None, prog="torchlab prepare"):
-    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("source", help="an ImageFolder, as train.py's --data takes it")
-    parser.add_argument("out_dir", help="the prepared copy to write (or to finish, after an interruption)")
-    parser.add_argument(
-        "--short-side", type=config.image_size, default=256, help="short side of the stored images, px (default: 256)"
-    )
-    parser.add_argument(
-        "--quality", type=jpeg_quality, default=90, help="JPEG quality of the stored images, 1-100 (default: 90)"
-    )
-    parser.add_argument(
-        "--val-fraction",
-        type=config.fraction,
-        default=0.1,
-        help="share held out for validation when SOURCE has no val/ folder (default: 0.1)",
-    )
-    parser.add_argument(
-        "--seed", type=config.seed, default=0, help="seed of that hold-out, as train.py's --seed (default: 0)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        written = prepare(args.source, args.out_dir, args.short_side, args.quality, args.val_fraction, args.seed)
-    except folder.DataError as error:
-        io.exit_with_error(prog, error)
-    print(f"{'wrote' if written else 'already complete:'} {args.out_dir}")
-
-
-if __name__ == "__main__":
-    main()

@@ -2,10 +2,9 @@
 device.
 
 build_loader(dataset, settings, device, train) is the one place a loader is made (a threads.ThreadLoader, or a
-DataLoader of worker processes, as settings.backend says): training, validation,
---loader-only and anything that times "this project's pipeline" all call it, with a LoaderSettings.
-fit_shared_memory is the one answer to "do the batches fit in /dev/shm, and if not, what does": the loader,
-autotune and the doctor all call it. timed_pass is the one loop that reads a pass as training does and times it.
+DataLoader of worker processes, as settings.backend says, from a LoaderSettings). fit_shared_memory is the one
+answer to "do the batches fit in /dev/shm, and if not, what does". timed_pass is the one loop that reads a pass
+as training does and times it.
 
 Batches stay uint8 (N, H, W, 3) from decoding to the device: a quarter of float32's bytes through the
 worker queues, pinned memory and the bus. BatchToDevice turns them into normalised float NCHW tensors in
@@ -21,14 +20,12 @@ import time
 import numpy as np
 import torch
 
+from torchlab import config
 from torchlab.pipeline import sampler, threads
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 MAX_AUTO_WORKERS = 8
-MAX_WORKERS_PER_CPU = 4  # --workers N above this per usable CPU is refused: config.resolve
-DEFAULT_PREFETCH_FACTOR = 4
-DEFAULT_THREAD_BATCHES_AHEAD = 2  # the thread loader's batches decoded ahead of the one in use
-BACKENDS = ("threads", "processes")
+MAX_WORKERS_PER_CPU = 4  # --workers N above this per usable CPU is refused
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SHM_PATH = "/dev/shm"
@@ -52,7 +49,7 @@ class LoaderSettings:
 
     batch_size: int = 64
     workers: int = 0
-    prefetch_factor: int = DEFAULT_PREFETCH_FACTOR
+    prefetch_factor: int = config.DEFAULT_PREFETCH_FACTOR
     backend: str = "processes"
     persistent_workers: bool = True
     pin_memory: bool = None  # None: when the device is CUDA
@@ -230,9 +227,16 @@ def build_loader(dataset, settings, device, train, rank=0, world_size=1):
         if collate is None and not hasattr(dataset, "write_sample"):
             collate = collate_uint8
         return threads.ThreadLoader(
-            dataset, settings.batch_size, epoch_sampler, settings.workers, settings.prefetch_factor,
-            pin_memory=pin_memory, drop_last=train, collate_fn=collate, device=device,
-        )  # fmt: skip
+            dataset,
+            settings.batch_size,
+            epoch_sampler,
+            settings.workers,
+            settings.prefetch_factor,
+            pin_memory=pin_memory,
+            drop_last=train,
+            collate_fn=collate,
+            device=device,
+        )
     workers, prefetch_factor = fitted_workers(settings, dataset_batch_bytes(dataset, settings.batch_size), rank)
     return torch.utils.data.DataLoader(
         dataset,
@@ -293,7 +297,7 @@ class BatchToDevice:
 
     def take_unreadable(self):
         """Positions of samples this step found unreadable since the last call: none here (the workers find
-        them); data.device_decode.DeviceDecoder, which decodes, can find some."""
+        them); device_decode.DeviceDecoder, which decodes, can find some."""
         return []
 
     def batches(self, loader_batches):

@@ -2,21 +2,20 @@
 loader does (backend, workers or threads, batches in flight, decoder, JPEG draft), with the reason for each.
 
 plan_loader is that function (pure: its inputs are given); resolve_plan gathers them on this machine (the
-settings file, usable CPUs, /dev/shm, one batch's bytes) and calls it. train.py resolves the plan once and
-records it as used: its start line, metrics.jsonl's first record and config.json. The doctor and autotune
-read the same plan.
+settings file, usable CPUs, /dev/shm, one batch's bytes) and calls it. A run records the plan as used: its
+start line, metrics.jsonl's first record and config.json.
 
---loader auto: threads wherever /dev/shm is too small for the worker processes' batches; else DEFAULT_BACKEND,
-the one `make bench` measured faster on a 2-CPU machine of this kind (decode threads share one process's memory
-and pass nothing through /dev/shm: docs/performance.md gives the figures); else what --autotune saved.
+--loader auto: threads wherever /dev/shm is too small for the worker processes' batches; else what torchlab
+autotune saved; else config.DEFAULT_BACKEND, the one `make bench` measured faster on a 2-CPU machine of this
+kind (decode threads share one process's memory and pass nothing through /dev/shm: docs/performance.md gives
+the figures).
 """
 
 import dataclasses
 import time
 
+from torchlab import config
 from torchlab.pipeline import loader, settings
-
-DEFAULT_BACKEND = "threads"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +79,15 @@ class LoaderPlan:
     def settings(self, batch_size, seed, processes_on_machine=1, persistent_workers=True):
         """The LoaderSettings that build_loader takes for this plan."""
         return loader.LoaderSettings(
-            batch_size=batch_size, workers=self.workers, prefetch_factor=self.prefetch_factor, backend=self.backend,
-            persistent_workers=persistent_workers, pin_memory=self.pin_memory, seed=seed,
+            batch_size=batch_size,
+            workers=self.workers,
+            prefetch_factor=self.prefetch_factor,
+            backend=self.backend,
+            persistent_workers=persistent_workers,
+            pin_memory=self.pin_memory,
+            seed=seed,
             processes_on_machine=processes_on_machine,
-        )  # fmt: skip
+        )
 
 
 def tuned_reason(tuned):
@@ -92,8 +96,7 @@ def tuned_reason(tuned):
     return f"autotuned (saved {saved}, for these flags)"
 
 
-def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_machine=1, on_cuda=False,
-                decode=None):  # fmt: skip
+def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_machine=1, on_cuda=False, decode=None):
     """The LoaderPlan for `asked` (AskedLoader), from `tuned` (the setting autotune saved for these flags, used
     with --workers auto; None if none), the usable CPUs, /dev/shm's free bytes (None: no /dev/shm), one batch's
     bytes, the training processes on this machine, CUDA, and `decode` (--decode as resolved; None: asked's).
@@ -122,7 +125,7 @@ def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_mach
             return asked.prefetch_factor
         if use_tuned and tuned.get("loader", "processes") == backend:
             return tuned["prefetch_factor"]
-        return loader.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else loader.DEFAULT_PREFETCH_FACTOR
+        return config.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else config.DEFAULT_PREFETCH_FACTOR
 
     checks_shm = workers > 0 and shm_free is not None
     if asked.loader != "auto":
@@ -132,11 +135,11 @@ def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_mach
     elif checks_shm and not processes_fit(asked_prefetch("processes"))[0].fits:
         backend = "threads"
         reasons["backend"] = f"{processes_fit(asked_prefetch('processes'))[1]}: threads need no /dev/shm"
-    elif use_tuned and tuned.get("loader", "processes") in loader.BACKENDS:
-        # Settings saved before autotune tried threads timed worker processes.
+    elif use_tuned and tuned.get("loader", "processes") in config.BACKENDS:
+        # A saved setting that names no loader timed worker processes.
         backend, reasons["backend"] = tuned.get("loader", "processes"), tuned_reason(tuned)
     else:
-        backend, reasons["backend"] = DEFAULT_BACKEND, "auto: faster in make bench on this kind of machine"
+        backend, reasons["backend"] = config.DEFAULT_BACKEND, "auto: faster in make bench on this kind of machine"
     prefetch_factor = asked_prefetch(backend)
 
     if backend == "processes" and checks_shm:
@@ -172,9 +175,15 @@ def resolve_plan(asked, tuned, one_batch_bytes, processes_on_machine=1, on_cuda=
     """plan_loader with this machine's usable CPUs and /dev/shm."""
     shm = loader.shared_memory_bytes()
     return plan_loader(
-        asked, tuned, loader.usable_cpu_count(), None if shm is None else shm[1], one_batch_bytes,
-        processes_on_machine, on_cuda, decode,
-    )  # fmt: skip
+        asked,
+        tuned,
+        loader.usable_cpu_count(),
+        None if shm is None else shm[1],
+        one_batch_bytes,
+        processes_on_machine,
+        on_cuda,
+        decode,
+    )
 
 
 def now():

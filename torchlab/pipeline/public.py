@@ -55,8 +55,18 @@ class KeyedDataset(torch.utils.data.Dataset):
         return self.dataset[key[0]], key[0]
 
 
-def create_loader(dataset, batch_size, shuffle=True, drop_last=None, backend="auto", workers="auto",
-                  prefetch_factor=None, seed=0, device="cpu", print_plan=print):  # fmt: skip
+def create_loader(
+    dataset,
+    batch_size,
+    shuffle=True,
+    drop_last=None,
+    backend="auto",
+    workers="auto",
+    prefetch_factor=None,
+    seed=0,
+    device="cpu",
+    print_plan=print,
+):
     """The loader of `dataset` (map-style; dataset[i] -> (image, label)) with the plan train.py would make on
     this machine for --loader `backend`, --workers `workers` and --prefetch-factor; print_plan(line) is called
     with the plan (None: quiet). loader.plan is the plan. Batches: (images uint8 (N, *image shape), labels,
@@ -70,14 +80,29 @@ def create_loader(dataset, batch_size, shuffle=True, drop_last=None, backend="au
     drop_last = shuffle if drop_last is None else drop_last
     pin_memory = used.pin_memory
     if used.backend == "threads":
-        made = threads.ThreadLoader(SlotWriter(dataset), batch_size, epoch_sampler, used.workers, used.prefetch_factor,
-                                    pin_memory=pin_memory, drop_last=drop_last, device=device)  # fmt: skip
+        made = threads.ThreadLoader(
+            SlotWriter(dataset),
+            batch_size,
+            epoch_sampler,
+            used.workers,
+            used.prefetch_factor,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            device=device,
+        )
     else:
         made = torch.utils.data.DataLoader(
-            KeyedDataset(dataset), batch_size=batch_size, sampler=epoch_sampler, num_workers=used.workers,
-            collate_fn=plain_collate, pin_memory=pin_memory, drop_last=drop_last, worker_init_fn=loader.init_worker,
-            prefetch_factor=used.prefetch_factor if used.workers else None, persistent_workers=used.workers > 0,
-        )  # fmt: skip
+            KeyedDataset(dataset),
+            batch_size=batch_size,
+            sampler=epoch_sampler,
+            num_workers=used.workers,
+            collate_fn=plain_collate,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            worker_init_fn=loader.init_worker,
+            prefetch_factor=used.prefetch_factor if used.workers else None,
+            persistent_workers=used.workers > 0,
+        )
     made.plan = used
     if print_plan is not None:
         print_plan(f"torchlab loader: {used.describe()}")

@@ -1,8 +1,8 @@
-"""Autotune's settings store: what `torchlab autotune` (train.py --autotune) saved, by the flags it holds for.
+"""Autotune's settings store: what `torchlab autotune` saved, by the flags it holds for.
 
-One small JSON file (DEFAULT_FILE unless --autotune-file), keyed by setting_key: the data folder, image size,
-batch size, device type and processes on the machine. The loader plan (plan.py) reads it for --workers auto
-(one small file: auto stays cheap); autotune writes it. Nothing here imports torchlab.tools.
+One small JSON file (--autotune-file, config.AUTOTUNE_FILE by default), keyed by setting_key: the data
+folder, image size, batch size, device type and processes on the machine. The loader plan (plan.py) reads it
+for --workers auto (one small file: auto stays cheap); autotune writes it.
 """
 
 import json
@@ -10,7 +10,6 @@ import os
 
 from torchlab import io
 
-DEFAULT_FILE = "~/.cache/torchlab/autotune.json"
 REQUIRED = ("workers", "prefetch_factor", "jpeg_draft")
 
 

@@ -65,8 +65,18 @@ class ThreadLoader:
 
     backend = "threads"
 
-    def __init__(self, dataset, batch_size, sampler, threads, batches_ahead=2, pin_memory=False, drop_last=False,
-                 collate_fn=None, device=None):  # fmt: skip
+    def __init__(
+        self,
+        dataset,
+        batch_size,
+        sampler,
+        threads,
+        batches_ahead=2,
+        pin_memory=False,
+        drop_last=False,
+        collate_fn=None,
+        device=None,
+    ):
         self.dataset = dataset
         self.batch_size = batch_size
         self.sampler = sampler

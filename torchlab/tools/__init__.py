@@ -1,2 +1,3 @@
-"""The tools around training: doctor (check the container), bench (+ bench_data: measure the pipelines),
-autotune (pick loader settings), sample_data (a small ImageFolder to try things on)."""
+"""Commands over the core: doctor (check the container), bench (+ bench_data: measure the pipelines), autotune
+(pick loader settings), gpu_check (what --decode gpu gives), prepare (write a prepared copy), sample_data (a small
+ImageFolder to try things on)."""

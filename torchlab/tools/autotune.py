@@ -1,11 +1,11 @@
-"""train.py --autotune (torchlab autotune): time loader settings on the real data and device, keep the fastest.
+"""`torchlab autotune`: time loader settings on the real data and device, keep the fastest.
 
-It tries --decode x --workers x --prefetch-factor x --jpeg-draft for a bounded time in all, each through
-loader.build_loader and the device step exactly as training reads batches, prints a table, and saves the
-fastest to a JSON file (DEFAULT_FILE unless --autotune-file), keyed by the data folder, image size, batch
-size, device type and processes on the machine. A later run with --workers auto and the same key reads it
-(one small file: --workers auto stays cheap); any other run ignores it. Settings whose batches in flight
-would not fit in /dev/shm's free space are never tried, so never picked.
+It takes train.py's flags (they say what to tune for), tries --decode x --loader x --workers x
+--prefetch-factor x --jpeg-draft within --autotune-seconds in all, each through loader.build_loader and the
+device step exactly as training reads batches, prints a table, and saves the fastest to --autotune-file, keyed
+by the data folder, image size, batch size, device type and processes on the machine. A later run with
+--workers auto and the same key reads it; any other run ignores it. Worker-process settings whose batches in
+flight would not fit in /dev/shm's free space are never tried, so never picked.
 """
 
 import dataclasses
@@ -13,15 +13,16 @@ import os
 import time
 import warnings
 
-from torchlab.data import device_decode
-from torchlab.pipeline import loader, settings
+import torch
 
-DEFAULT_FILE = settings.DEFAULT_FILE
+from torchlab import config, distributed, io, resolve
+from torchlab.data import folder, splits
+from torchlab.pipeline import device_decode, loader, settings
+
 PREFETCH_FACTORS = (2, 4, 8)
 JPEG_DRAFT_CHOICES = (True, False)
 MIN_SECONDS_EACH = 1.0  # a shorter measurement times little more than the loader's start: fewer settings then
 BUDGET_RESERVE = 0.05  # of --autotune-seconds kept for the table, saving, and the last setting's shut-down
-setting_key, saved_setting, save_setting = settings.setting_key, settings.saved_setting, settings.save_setting
 
 
 def process_age_seconds():
@@ -44,7 +45,7 @@ def candidate_settings(usable_cpus, decoders):
     return [
         (decoder, backend, workers, prefetch_factor, jpeg_draft)
         for decoder in decoders
-        for backend in loader.BACKENDS
+        for backend in config.BACKENDS
         for workers in worker_counts
         for prefetch_factor in PREFETCH_FACTORS
         for jpeg_draft in (JPEG_DRAFT_CHOICES if decoder == "cpu" else (True,))
@@ -103,9 +104,9 @@ def likelihood_rank(setting, cpus):
     """Where `setting` comes in the order of trying: train.py's defaults first (as many workers as CPUs,
     default batches ahead, JPEG draft on), then other worker counts, then other prefetch factors, then draft off."""
     decoder, backend, workers, prefetch_factor, jpeg_draft = setting
-    default_prefetch = loader.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else loader.DEFAULT_PREFETCH_FACTOR
-    return (not jpeg_draft, prefetch_factor != min(PREFETCH_FACTORS, key=lambda p: abs(p - default_prefetch)),
-            workers != cpus, backend != "threads", decoder)  # fmt: skip
+    default_prefetch = config.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else config.DEFAULT_PREFETCH_FACTOR
+    nearest_default_prefetch = min(PREFETCH_FACTORS, key=lambda factor: abs(factor - default_prefetch))
+    return (not jpeg_draft, prefetch_factor != nearest_default_prefetch, workers != cpus, backend != "threads", decoder)
 
 
 def setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft):
@@ -116,9 +117,9 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
     """Try every candidate setting (decoder, workers, prefetch factor, JPEG draft) on the training samples of
     `index` for flags.autotune_seconds in all, print a table, save and return the best.
 
-    `started`: seconds of the budget spent before the call (train.py: the process's age, process_age_seconds).
-    `flags` is train.py's TrainConfig (its decode before config.resolve_decoder); settings whose batches would
-    not fit in /dev/shm's free space are skipped.
+    `started`: seconds of the budget spent before the call (main: the process's age, process_age_seconds).
+    `flags` is a resolved TrainConfig (its decode before resolve.resolve_decoder); worker-process settings whose
+    batches would not fit in /dev/shm's free space are skipped.
     """
     datasets = {
         decoder: device_decode.make_dataset(decoder, index, flags.image_size, True, flags.seed, True)
@@ -129,9 +130,11 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
     # given at least MIN_SECONDS_EACH; where that leaves too little for all, the likeliest are tried first.
     left = max(flags.autotune_seconds * (1 - BUDGET_RESERVE) - started, 0.0)
     if left < MIN_SECONDS_EACH:
-        print_line(f"autotune: --autotune-seconds {flags.autotune_seconds:g} leaves {left:.1f} s after the start "
-                   f"({started:.1f} s: torch's import, indexing --data), too little to time one setting "
-                   f"({MIN_SECONDS_EACH:g} s); nothing saved: give it more")  # fmt: skip
+        print_line(
+            f"autotune: --autotune-seconds {flags.autotune_seconds:g} leaves {left:.1f} s after the start "
+            f"({started:.1f} s: torch's import, indexing --data), too little to time one setting "
+            f"({MIN_SECONDS_EACH:g} s); nothing saved: give it more"
+        )
         return None
     cpus = loader.usable_cpu_count()
     fitting.sort(key=lambda setting: likelihood_rank(setting, cpus))
@@ -144,9 +147,12 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
     for decoder, backend, workers, prefetch_factor, jpeg_draft in fitting:
         # Workers stop after each measurement.
         loader_settings = dataclasses.replace(
-            flags.loader_settings(), backend=backend, workers=workers, prefetch_factor=prefetch_factor,
+            resolve.loader_settings(flags),
+            backend=backend,
+            workers=workers,
+            prefetch_factor=prefetch_factor,
             persistent_workers=False,
-        )  # fmt: skip
+        )
         datasets[decoder].draft = jpeg_draft
         rate = measure_images_per_sec(datasets[decoder], decoder, loader_settings, device, seconds_each)
         results.append((rate, decoder, backend, workers, prefetch_factor, jpeg_draft))
@@ -154,13 +160,21 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
     for setting in skipped:
         print_line(f"{setting_row(*setting)}  skipped: /dev/shm too small")
     if untried:
-        print_line(f"autotune: {len(untried)} more settings not tried within --autotune-seconds "
-                   f"{flags.autotune_seconds:g} (at least {MIN_SECONDS_EACH:g} s each)")  # fmt: skip
+        print_line(
+            f"autotune: {len(untried)} more settings not tried within --autotune-seconds "
+            f"{flags.autotune_seconds:g} (at least {MIN_SECONDS_EACH:g} s each)"
+        )
     rate, decoder, backend, workers, prefetch_factor, jpeg_draft = max(results)
-    best = {"decode": decoder, "loader": backend, "workers": workers, "prefetch_factor": prefetch_factor,
-            "jpeg_draft": jpeg_draft, "images_per_sec": rate}  # fmt: skip
+    best = {
+        "decode": decoder,
+        "loader": backend,
+        "workers": workers,
+        "prefetch_factor": prefetch_factor,
+        "jpeg_draft": jpeg_draft,
+        "images_per_sec": rate,
+    }
     try:
-        save_setting(flags.autotune_file, key, {**best, "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        settings.save_setting(flags.autotune_file, key, {**best, "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         saved = f"saved to {flags.autotune_file} for runs with --workers auto"
     except OSError as error:  # a read-only home still gets the table
         saved = f"not saved: {error}"
@@ -169,3 +183,28 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
         f"JPEG draft {'on' if jpeg_draft else 'off'}: {rate:.1f} images/s; {saved}"
     )
     return best
+
+
+DESCRIPTION = (
+    "Time loader settings on --data and this device within --autotune-seconds, print the table, and save the "
+    "fastest to --autotune-file for later runs with --workers auto. Takes train.py's flags: --data, "
+    "--image-size, --batch-size, --device and --decode say what to tune for."
+)
+
+
+def main(argv=None, prog="torchlab autotune"):
+    processes = distributed.processes_from_environment()
+    try:
+        cfg = resolve.resolve(config.parse_args(argv, prog, DESCRIPTION), processes, tuning=True)
+        torch.manual_seed(cfg.seed)
+        _, train_index, _ = splits.load_splits(cfg.data, cfg.val_fraction, cfg.seed)
+        if processes.world_size > 1:
+            raise config.ConfigError("run it in one process, without torchrun")
+        key = settings.setting_key(cfg.data, cfg.image_size, cfg.batch_size, cfg.device, processes.local_world_size)
+        tune(train_index, cfg, torch.device(cfg.device), key, started=process_age_seconds())
+    except (config.ConfigError, folder.DataError, loader.SharedMemoryError) as error:
+        io.exit_with_error(prog, error)
+
+
+if __name__ == "__main__":
+    main()

@@ -46,9 +46,9 @@ import torchvision
 from PIL import Image
 from torchvision import transforms
 
-from torchlab import config, io
-from torchlab.data import decode, device_decode, folder, prepared, splits
-from torchlab.pipeline import loader, plan, public, sampler
+from torchlab import cli, config, io, resolve
+from torchlab.data import decode, folder, prepared, splits
+from torchlab.pipeline import device_decode, loader, plan, public, sampler
 from torchlab.tools import bench_data
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
@@ -167,7 +167,7 @@ def torchlab_settings(batch_size, backend="auto", workers="auto"):
     """train.py's defaults, resolved by the loader plan as train.py resolves them (--workers auto with no saved
     autotune setting, /dev/shm left out: the bench gives it 2 GB), but for batch_size, --loader `backend` and
     --workers `workers`: (LoaderSettings, image size, JPEG draft)."""
-    asked = dataclasses.replace(config.asked_loader(config.DEFAULTS), loader=backend, workers=workers)
+    asked = dataclasses.replace(resolve.asked_loader(config.DEFAULTS), loader=backend, workers=workers)
     used = plan.plan_loader(asked, None, loader.usable_cpu_count(), None, 0)
     return used.settings(batch_size, config.DEFAULTS.seed), config.DEFAULTS.image_size, used.jpeg_draft
 
@@ -277,8 +277,13 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
     result = {}
     for name in ("naive", "classic"):
         result[name] = {"ms_per_image": torchvision_stages, "workers": pipelines[name].workers}
-    indexes = {"torchlab": train_index, "torchlab-prepared": prepared_index, GPU_DECODE: train_index,
-               THREADS: train_index, THREADS_PREPARED: prepared_index}  # fmt: skip
+    indexes = {
+        "torchlab": train_index,
+        "torchlab-prepared": prepared_index,
+        GPU_DECODE: train_index,
+        THREADS: train_index,
+        THREADS_PREPARED: prepared_index,
+    }
     for name, index in ((name, index) for name, index in indexes.items() if name in pipelines):
         dataset = pipelines[name].loader.dataset
         collate = pipelines[name].loader.collate_fn  # the one build_loader chose for this dataset; None: in place
@@ -560,7 +565,7 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
         "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device, backend="processes"),
         "torchlab-prepared": torchlab_pipeline(
             "torchlab-prepared", prepared_root, batch_size, device, backend="processes"
-        ),  # fmt: skip
+        ),
         THREADS: torchlab_pipeline(THREADS, data_root, batch_size, device, backend="threads"),
         THREADS_PREPARED: torchlab_pipeline(THREADS_PREPARED, prepared_root, batch_size, device, backend="threads"),
         **own_dataset_pipelines(data_root, batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)),
@@ -597,8 +602,10 @@ def measure_rates(pipelines, transports, decode_jobs, repetitions, device, cpus,
     with multiprocessing.get_context("fork").Pool(cpus) as pool:
         for repetition in range(repetitions + 1):
             print_line(f"pass {repetition}{' (warm-up)' if repetition == 0 else ''} ...")
-            rates = {name: measure_pass(pipeline, repetition, device)["images_per_sec"]
-                     for name, pipeline in {**pipelines, **transports}.items()}  # fmt: skip
+            rates = {
+                name: measure_pass(pipeline, repetition, device)["images_per_sec"]
+                for name, pipeline in {**pipelines, **transports}.items()
+            }
             for name, (function, jobs) in decode_jobs.items():
                 rates[name] = decode_rate(pool, function, jobs)
             if repetition > 0:
@@ -640,11 +647,14 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
     pipelines, transports = make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decode)
     decode_jobs = {
         "decode_only": (decode_file, [train_index.path(position) for position in range(len(train_index))]),
-        "decode_only_prepared": (decode_prepared, [
-            (prepared_train_index.data_path, int(start), int(end))
-            for start, end in zip(prepared_train_index.starts, prepared_train_index.ends, strict=True)
-        ]),
-    }  # fmt: skip
+        "decode_only_prepared": (
+            decode_prepared,
+            [
+                (prepared_train_index.data_path, int(start), int(end))
+                for start, end in zip(prepared_train_index.starts, prepared_train_index.ends, strict=True)
+            ],
+        ),
+    }
     runs = measure_rates(pipelines, transports, decode_jobs, repetitions, device, cpus, print_line)
     medians = {name: statistics.median(rates) for name, rates in runs.items()}
 
@@ -691,7 +701,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
 
 
 def build_parser(prog):
-    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--images", type=bench_data.image_count, default=2000, help="generated training images (default: 2000)"
     )
@@ -710,9 +720,9 @@ def build_parser(prog):
         "--out-dir", default="bench-results", help="where bench.json and bench.png go (default: bench-results)"
     )
     parser.add_argument(
-        "--repetitions", type=config.positive_int, default=3, help="timed passes of each pipeline (default: 3)"
+        "--repetitions", type=cli.positive_int, default=3, help="timed passes of each pipeline (default: 3)"
     )
-    parser.add_argument("--batch-size", type=config.positive_int, default=64, help="images per batch (default: 64)")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=64, help="images per batch (default: 64)")
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if present (default: auto)"
     )
@@ -722,7 +732,7 @@ def build_parser(prog):
 def main(argv=None, prog="torchlab bench"):
     args = build_parser(prog).parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        io.exit_with_error(prog, f"--device cuda: {config.NO_CUDA_DEVICE}")
+        io.exit_with_error(prog, f"--device cuda: {resolve.NO_CUDA_DEVICE}")
     cache_dir = io.writable_folder(prog, os.path.expanduser(args.cache_dir), f"--cache-dir {args.cache_dir}")
     io.writable_folder(prog, args.out_dir, f"--out-dir {args.out_dir}")
     data_root = args.data or os.path.join(cache_dir, f"images-{args.images}-seed0")
@@ -732,7 +742,7 @@ def main(argv=None, prog="torchlab bench"):
     prepared_root = os.path.join(cache_dir, f"{os.path.basename(os.path.abspath(data_root))}.prepared")
     print(f"preparing {prepared_root} (once) ...", flush=True)
     try:
-        prepared.prepare(data_root, prepared_root)
+        prepared.prepare(data_root, prepared_root, processes=loader.usable_cpu_count())
     except folder.DataError as error:
         io.exit_with_error(prog, error)
     # One torch thread in this process: with more, torchvision's per-image Normalize (naive) waits on its
@@ -754,9 +764,12 @@ def main(argv=None, prog="torchlab bench"):
         io.exit_with_error(prog, error)
     except decode.UNREADABLE_IMAGE_ERRORS as error:  # torchvision's ImageFolder raises them, in a worker or not
         cause = str(error).strip().splitlines()[-1]
-        io.exit_with_error(prog, f"--data {data_root}: the reference loaders (naive, classic, decode-only) stop "
-                                 f"at an unreadable image ({cause}); bench a folder without such files (train.py "
-                                 "skips them and lists them in bad_images.txt)")  # fmt: skip
+        io.exit_with_error(
+            prog,
+            f"--data {data_root}: the reference loaders (naive, classic, decode-only) stop "
+            f"at an unreadable image ({cause}); bench a folder without such files (train.py "
+            "skips them and lists them in bad_images.txt)",
+        )
 
 
 if __name__ == "__main__":

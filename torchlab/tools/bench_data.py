@@ -20,12 +20,12 @@ import os
 import numpy as np
 from PIL import Image
 
-from torchlab import config, io
+from torchlab import cli, io
 from torchlab.pipeline import loader
 from torchlab.tools import sample_data
 
 CLASSES = 10
-image_count = config.number(int, CLASSES)  # --images: one training image per class at least
+image_count = cli.number(int, CLASSES)  # --images: one training image per class at least
 VAL_SHARE = 0.05  # val/ images per train/ image
 LARGE_SHARE = 0.03  # the share of large photos (1024 px and more on the long side)
 LARGE_LONG_SIDE = (1024, 1400)
@@ -107,7 +107,7 @@ def write_bench_data(out_dir, images, seed=0, processes=None):
 
 
 def main(argv=None, prog="python -m torchlab.tools.bench_data"):
-    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to create, e.g. ~/.cache/torchlab/bench-data-2000")
     parser.add_argument("--images", type=image_count, default=2000, help="training images (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: 0)")

@@ -22,9 +22,9 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from torchlab import config, io
-from torchlab.data import device_decode, folder, splits
-from torchlab.pipeline import loader, plan
+from torchlab import cli, config, io
+from torchlab.data import folder, splits
+from torchlab.pipeline import device_decode, loader, plan
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SEVERITY = {OK: 0, WARN: 1, FAIL: 2}
@@ -152,10 +152,12 @@ def check_torch(spec_path=ENV_SPEC):
     pinned = pinned_version("pytorch", spec_path)
     if pinned is not None and torch.__version__.split("+")[0] != pinned:
         return Check(
-            "torch", FAIL, f"{detail}, from {os.path.dirname(torch.__file__)}; the image pins {pinned}",
+            "torch",
+            FAIL,
+            f"{detail}, from {os.path.dirname(torch.__file__)}; the image pins {pinned}",
             fix="another torch shadows the image's: pip uninstall it (a --user install lands in /workspace/.local)",
             facts=facts,
-        )  # fmt: skip
+        )
     return Check("torch", OK, detail, facts=facts)
 
 
@@ -173,8 +175,11 @@ def nvidia_driver_version():
     try:
         result = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
         return result.stdout.split()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         pass
@@ -216,10 +221,12 @@ def check_gpu(index, driver):
         tflops, error = measure_matmul(device)
     except RuntimeError as failure:
         return Check(
-            name, FAIL, f"{properties.name}: CUDA fails on it: {failure}".splitlines()[0],
+            name,
+            FAIL,
+            f"{properties.name}: CUDA fails on it: {failure}".splitlines()[0],
             fix="check the GPU on the host with nvidia-smi; the driver must support this torch's CUDA",
             facts=facts,
-        )  # fmt: skip
+        )
     facts.update(memory_total=total, memory_free=free, matmul_tflops=tflops, matmul_error=error)
     detail = (
         f"{properties.name} (compute {facts['capability']}), driver {driver or 'unknown'}, "
@@ -248,11 +255,13 @@ def check_gpus():
                 reason = str(error).splitlines()[0]
             return [
                 Check(
-                    "gpu", FAIL, f"/dev/{device_files[0]} is there but CUDA cannot use it: {reason}",
+                    "gpu",
+                    FAIL,
+                    f"/dev/{device_files[0]} is there but CUDA cannot use it: {reason}",
                     fix=f"the host's NVIDIA driver must support CUDA {torch.version.cuda}: update it (nvidia-smi "
                     "on the host shows its version), and start the container with --gpus all",
                 )
-            ]  # fmt: skip
+            ]
         return [Check("gpu", WARN, "no GPU visible: train.py runs on the CPU (slowly)", fix=GPUS_FIX)]
     driver = nvidia_driver_version()
     return [check_gpu(index, driver) for index in range(torch.cuda.device_count())]
@@ -300,9 +309,11 @@ def data_folder_problem(data_dir):
         return Check("data", FAIL, f"{data_dir}: not a folder", fix=mount_fix)
     if not os.access(data_dir, os.R_OK | os.X_OK):
         return Check(
-            "data", FAIL, f"{data_dir}: not readable by UID {os.getuid()}",
+            "data",
+            FAIL,
+            f"{data_dir}: not readable by UID {os.getuid()}",
             fix=f"on the host: chmod -R a+rX on the folder mounted at {data_dir}",
-        )  # fmt: skip
+        )
     return None
 
 
@@ -367,9 +378,10 @@ def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, p
         workers, prefetch_factor, one_batch_bytes, None if shm is None else shm[1], processes
     )
     samples = (
-        f"images of {image_size}x{image_size}x3 uint8" if one_batch_bytes == decoded_batch_bytes
+        f"images of {image_size}x{image_size}x3 uint8"
+        if one_batch_bytes == decoded_batch_bytes
         else f"encoded files of {format_bytes(one_batch_bytes // batch_size)} (twice their mean size)"
-    )  # fmt: skip
+    )
     suggested_gib = max(SUGGESTED_SHM_GIB, math.ceil(SHM_HEADROOM * fit.needed / GIB))
     fix = (
         f"start the container with --shm-size={suggested_gib}g (or --ipc=host), "
@@ -386,8 +398,15 @@ def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, p
         return Check("shared memory", FAIL, f"no /dev/shm; {need_text}", fix=fix)
     size, free = shm
     detail = f"/dev/shm {format_bytes(size)} ({format_bytes(free)} free); {need_text}"
-    facts = {"size": size, "free": free, "needed": fit.needed, "workers": workers, "prefetch_factor": prefetch_factor,
-             "loader_workers": fit.workers, "loader_prefetch_factor": fit.prefetch_factor}  # fmt: skip
+    facts = {
+        "size": size,
+        "free": free,
+        "needed": fit.needed,
+        "workers": workers,
+        "prefetch_factor": prefetch_factor,
+        "loader_workers": fit.workers,
+        "loader_prefetch_factor": fit.prefetch_factor,
+    }
     if not fit.possible:
         return Check("shared memory", FAIL, detail + ": not one worker's batches fit; train.py stops", fix, facts)
     if not fit.fits:
@@ -414,8 +433,9 @@ def check_cpus(workers, processes=1, cgroup_root=loader.CGROUP_ROOT, tuned=None,
     facts = {"usable": usable, "affinity": affinity, "quota": quota, "workers": workers, "autotuned": bool(tuned)}
     if tuned:
         more = ": more than CPUs, and faster so when autotune measured it" if workers * processes > usable else ""
-        return Check("cpus", OK, f"{detail}; {tuned.replace('autotuned', f'autotuned: {workers} {units}')}{more}",
-                     facts=facts)  # fmt: skip
+        return Check(
+            "cpus", OK, f"{detail}; {tuned.replace('autotuned', f'autotuned: {workers} {units}')}{more}", facts=facts
+        )
     if workers * processes > usable:
         fix = f"--workers {max(1, usable // processes)} (or auto), or give the container more CPUs (--cpus)"
         return Check("cpus", WARN, detail + ": more workers than CPUs", fix=fix, facts=facts)
@@ -431,8 +451,12 @@ def check_run_dir(run_dir, fail_below=RUN_DIR_FAIL_BYTES, warn_below=RUN_DIR_WAR
     name = "run dir"
     reason = io.unwritable_reason(path)
     if reason is not None:
-        return Check(name, FAIL, f"{path}: cannot be written ({reason})",
-                     fix="pass a --run-dir under a writable folder, e.g. /workspace/runs/NAME")  # fmt: skip
+        return Check(
+            name,
+            FAIL,
+            f"{path}: cannot be written ({reason})",
+            fix="pass a --run-dir under a writable folder, e.g. /workspace/runs/NAME",
+        )
     free = shutil.disk_usage(existing).free
     mount = mount_of(existing)
     detail = f"{path}: {format_bytes(free)} free, {describe_mount(mount)}"
@@ -469,8 +493,13 @@ def check_decoder(decoder, device, workers, autotuned):
     device_decode.resolve_decoder), and for gpu whether nvJPEG works on this GPU."""
     facts = {"decode": decoder, "autotuned": autotuned}
     if decoder == "gpu" and device == "cpu":
-        return Check("decoder", FAIL, "--decode gpu, but no CUDA device is visible: train.py stops",
-                     fix=f"{GPUS_FIX}, or use --decode cpu or auto", facts=facts)  # fmt: skip
+        return Check(
+            "decoder",
+            FAIL,
+            "--decode gpu, but no CUDA device is visible: train.py stops",
+            fix=f"{GPUS_FIX}, or use --decode cpu or auto",
+            facts=facts,
+        )
     how = " (autotuned)" if autotuned else ""
     if decoder == "cpu":
         why = ": no CUDA device" if device == "cpu" else ""
@@ -486,7 +515,7 @@ def check_decoder(decoder, device, workers, autotuned):
 # ---------------------------------------------------------------- all of it
 def loader_plans(asked, autotune_file, data_dir, batch_size, image_size, processes, index, device):
     """(the plan before /dev/shm's fit, the plan train.py uses or None where it stops, the decoder, one batch's
-    bytes): plan.plan_loader on this machine, with what --autotune saved, as train.py resolves it."""
+    bytes): plan.plan_loader on this machine, with what torchlab autotune saved, as train.py resolves it."""
     tuned = None
     if asked.workers == "auto":
         tuned = plan.tuned_setting(autotune_file, data_dir, image_size, batch_size, device, processes)
@@ -497,8 +526,9 @@ def loader_plans(asked, autotune_file, data_dir, batch_size, image_size, process
     dataset = device_decode.make_dataset(decoder, index, image_size, True, config.DEFAULTS.seed, True)
     one_batch_bytes = loader.dataset_batch_bytes(dataset, batch_size)
     on_cuda = device.startswith("cuda")
-    before_fit = plan.plan_loader(asked, tuned, loader.usable_cpu_count(), None, one_batch_bytes, processes, on_cuda,
-                                  decoder)  # fmt: skip
+    before_fit = plan.plan_loader(
+        asked, tuned, loader.usable_cpu_count(), None, one_batch_bytes, processes, on_cuda, decoder
+    )
     try:
         used = plan.resolve_plan(asked, tuned, one_batch_bytes, processes, on_cuda, decoder)
     except loader.SharedMemoryError:
@@ -507,19 +537,30 @@ def loader_plans(asked, autotune_file, data_dir, batch_size, image_size, process
 
 
 def run_checks(
-    data_dir=None, workers=None, batch_size=None, prefetch_factor=None, image_size=None, run_dir=None, processes=1,
-    autotune_file=None, decoder=None, backend=None,
-):  # fmt: skip
+    data_dir=None,
+    workers=None,
+    batch_size=None,
+    prefetch_factor=None,
+    image_size=None,
+    run_dir=None,
+    processes=1,
+    autotune_file=None,
+    decoder=None,
+    backend=None,
+):
     """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults; --loader,
-    --workers auto and --prefetch-factor resolve as train.py resolves them (the loader plan), with what --autotune
-    saved in autotune_file."""
+    --workers auto and --prefetch-factor resolve as train.py resolves them (the loader plan), with what torchlab
+    autotune saved in autotune_file."""
     defaults = config.DEFAULTS
     data_dir, batch_size = data_dir or defaults.data, batch_size or defaults.batch_size
     image_size, run_dir = image_size or defaults.image_size, run_dir or defaults.run_dir
     asked = plan.AskedLoader(
-        backend or defaults.loader, defaults.workers if workers is None else workers, prefetch_factor, None,
+        backend or defaults.loader,
+        defaults.workers if workers is None else workers,
+        prefetch_factor,
+        None,
         decoder or defaults.decode,
-    )  # fmt: skip
+    )
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
     report.extend(check_gpus())
     data_check, train_index = indexed_data_check(data_dir, batch_size, defaults.val_fraction, defaults.seed)
@@ -533,13 +574,26 @@ def run_checks(
     shown = used or before_fit
     if shown.backend == "threads" and shown.workers > 0:
         why = f" ({shown.reasons['backend']})" if "backend" in shown.reasons else ""
-        report.append(Check("shared memory", OK, f"not used: {shown.workers} decode threads in the training process"
-                            f"{why}", facts={"workers": shown.workers, "backend": "threads"}))  # fmt: skip
+        report.append(
+            Check(
+                "shared memory",
+                OK,
+                f"not used: {shown.workers} decode threads in the training process{why}",
+                facts={"workers": shown.workers, "backend": "threads"},
+            )
+        )
     else:
-        report.append(check_shared_memory(
-            loader.shared_memory_bytes(), before_fit.workers, before_fit.prefetch_factor, batch_size, image_size,
-            processes, one_batch_bytes=one_batch_bytes,
-        ))  # fmt: skip
+        report.append(
+            check_shared_memory(
+                loader.shared_memory_bytes(),
+                before_fit.workers,
+                before_fit.prefetch_factor,
+                batch_size,
+                image_size,
+                processes,
+                one_batch_bytes=one_batch_bytes,
+            )
+        )
     tuned = before_fit.reasons.get("workers") if before_fit.autotuned else None
     report.append(check_cpus(before_fit.workers, processes, tuned=tuned, backend=shown.backend))
     report.append(check_decoder(decoder, device, before_fit.workers, before_fit.autotuned))
@@ -548,7 +602,7 @@ def run_checks(
 
 
 def build_parser(prog="torchlab doctor"):
-    parser = io.OneLineErrorParser(
+    parser = cli.OneLineErrorParser(
         prog=prog,
         description="Check this container before a long training run: Python and torch (versions, CUDA and cuDNN "
         "it was built with); each GPU (driver, memory, a small matmul); the data at --data (mounted? readable? "
@@ -566,43 +620,48 @@ def build_parser(prog="torchlab doctor"):
     parser.add_argument("--data", default=defaults.data, help="the data train.py reads (default: %(default)s)")
     parser.add_argument(
         "--workers",
-        type=config.worker_count,
+        type=cli.worker_count,
         default=defaults.workers,
         help="loader workers per process, as train.py's --workers; auto reads --autotune-file as train.py does "
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--batch-size", type=config.positive_int, default=defaults.batch_size, help="(default: %(default)s)"
+        "--batch-size", type=cli.positive_int, default=defaults.batch_size, help="(default: %(default)s)"
     )
     parser.add_argument(
         "--prefetch-factor",
-        type=config.positive_int,
+        type=cli.positive_int,
         default=None,
-        help=f"as train.py's --prefetch-factor (default: {loader.DEFAULT_PREFETCH_FACTOR}, or what --autotune saved, "
-        "with --workers auto)",
+        help=f"as train.py's --prefetch-factor (default: {config.DEFAULT_PREFETCH_FACTOR}, or what torchlab autotune "
+        "saved, with --workers auto)",
     )
     parser.add_argument(
-        "--image-size", type=config.positive_int, default=defaults.image_size, help="(default: %(default)s)"
+        "--image-size", type=cli.positive_int, default=defaults.image_size, help="(default: %(default)s)"
     )
     parser.add_argument(
         "--processes",
-        type=config.positive_int,
+        type=cli.positive_int,
         default=1,
         help="training processes on this machine, as torchrun --nproc-per-node (default: %(default)s)",
     )
     parser.add_argument("--run-dir", default=defaults.run_dir, help="where checkpoints will go (default: %(default)s)")
     parser.add_argument(
-        "--autotune-file", default=defaults.autotune_file, help="what --autotune saved, read for --workers auto "
-        "(default: %(default)s)",
-    )  # fmt: skip
+        "--autotune-file",
+        default=defaults.autotune_file,
+        help="what torchlab autotune saved, read for --workers auto (default: %(default)s)",
+    )
     parser.add_argument(
-        "--loader", choices=("auto", *loader.BACKENDS), default=defaults.loader,
+        "--loader",
+        choices=("auto", *config.BACKENDS),
+        default=defaults.loader,
         help="as train.py's --loader (default: %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--decode", choices=device_decode.DECODERS, default=defaults.decode,
+        "--decode",
+        choices=config.DECODERS,
+        default=defaults.decode,
         help="as train.py's --decode; auto reads --autotune-file as train.py does (default: %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for tools")
     return parser
 
@@ -610,9 +669,17 @@ def build_parser(prog="torchlab doctor"):
 def main(argv=None, prog="torchlab doctor"):
     args = build_parser(prog).parse_args(argv)
     report = run_checks(
-        args.data, args.workers, args.batch_size, args.prefetch_factor, args.image_size, args.run_dir, args.processes,
-        args.autotune_file, args.decode, args.loader,
-    )  # fmt: skip
+        args.data,
+        args.workers,
+        args.batch_size,
+        args.prefetch_factor,
+        args.image_size,
+        args.run_dir,
+        args.processes,
+        args.autotune_file,
+        args.decode,
+        args.loader,
+    )
     print(report.as_json() if args.json else report.as_text())
     sys.exit(report.exit_code)
 

@@ -17,6 +17,7 @@ A table on stdout and OUT_DIR/gpu_check.json. --device cpu is a dry run of the s
 """
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -24,14 +25,15 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 import torchvision
 from torchvision.io import decode_jpeg
 
-from torchlab import config, distributed, io, model, train
-from torchlab.data import decode, device_decode, prepared, splits
-from torchlab.pipeline import loader
-from torchlab.tools import bench, bench_data, bench_resize
+from torchlab import cli, config, distributed, io, model, resolve, train
+from torchlab.data import decode, prepared, splits
+from torchlab.pipeline import device_decode, loader
+from torchlab.tools import bench, bench_data
 
 DECODERS = ("cpu", "gpu")
 BACKENDS = ("threads", "processes")
@@ -85,10 +87,10 @@ def model_only_rates(args, compile_settings, print_line):
     processes = distributed.processes_from_environment()
     for compiled in compile_settings:
         with tempfile.TemporaryDirectory() as run_dir:
-            flags = config.parse_args(["--data", run_dir, "--run-dir", run_dir, "--resume", "none", "--arch",
-                                       args.arch, "--batch-size", str(args.batch_size), "--device", args.device,
-                                       *(["--compile"] if compiled else [])])  # fmt: skip
-            cfg = config.resolve(flags, processes)
+            folders = ["--data", run_dir, "--run-dir", run_dir, "--resume", "none"]
+            run = ["--arch", args.arch, "--batch-size", str(args.batch_size), "--device", args.device]
+            flags = config.parse_args([*folders, *run, *(["--compile"] if compiled else [])])
+            cfg = resolve.resolve(flags, processes)
         device = torch.device(cfg.device)
         network = model.build_model(cfg.arch, 1000)
         training = train.build_training(cfg, network, args.steps, device, processes)
@@ -123,11 +125,21 @@ def training_rates(data_root, args, print_line):
     for backend, decoder, compiled in training_runs(args.device):
         name = f"{backend} --decode {decoder}{' --compile' if compiled else ''}"
         with tempfile.TemporaryDirectory() as run_dir:
-            command = [sys.executable, "-m", "torchlab", "train", "--data", data_root, "--run-dir", run_dir,
-                       "--arch", args.arch, "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
-                       "--log-interval", str(max(1, args.steps // 5)), "--epochs", "1000", "--device",
-                       args.device, "--loader", backend, "--decode", decoder, "--resume", "none",
-                       *(["--compile"] if compiled else [])]  # fmt: skip
+            flags = {
+                "--data": data_root,
+                "--run-dir": run_dir,
+                "--arch": args.arch,
+                "--batch-size": args.batch_size,
+                "--max-steps": args.steps,
+                "--log-interval": max(1, args.steps // 5),
+                "--epochs": 1000,
+                "--device": args.device,
+                "--loader": backend,
+                "--decode": decoder,
+                "--resume": "none",
+            }
+            train_flags = [str(part) for flag in flags.items() for part in flag] + (["--compile"] if compiled else [])
+            command = [sys.executable, "-m", "torchlab", "train", *train_flags]
             finished = subprocess.run(command, capture_output=True, text=True, check=False)
             if finished.returncode != 0:
                 raise RuntimeError(f"train.py {name} failed: {finished.stderr.strip()[-500:]}")
@@ -139,8 +151,10 @@ def training_rates(data_root, args, print_line):
             "data_wait_frac": statistics.median(record["data_wait_frac"] for record in intervals),
             "compile": compiled,
         }
-        print_line(f"training: {args.arch} {name}: {results[name]['images_per_sec']:.0f} images/s, "
-                   f"data wait {results[name]['data_wait_frac']:.1%}")  # fmt: skip
+        print_line(
+            f"training: {args.arch} {name}: {results[name]['images_per_sec']:.0f} images/s, "
+            f"data wait {results[name]['data_wait_frac']:.1%}"
+        )
     return results
 
 
@@ -150,6 +164,12 @@ def share_of_ceiling(training, model_only):
         name: result["images_per_sec"] / model_only[f"--compile {'on' if result['compile'] else 'off'}"]
         for name, result in training.items()
     }
+
+
+def psnr(image, reference):
+    """Peak signal-to-noise ratio of `image` against `reference` (uint8 arrays), in dB; inf when identical."""
+    error = np.mean((np.asarray(image, dtype=np.float64) - np.asarray(reference, dtype=np.float64)) ** 2)
+    return math.inf if error == 0 else 10 * math.log10(255**2 / error)
 
 
 def crop_agreement(data_root, samples, image_size, device):
@@ -165,7 +185,7 @@ def crop_agreement(data_root, samples, image_size, device):
     normalised, _ = to_device(batch, labels)
     gpu_levels = (normalised * to_device.std + to_device.mean).clamp(0, 255).cpu()  # back to 0-255 levels
     cpu_levels = cpu_images.permute(0, 3, 1, 2)
-    values = [bench_resize.psnr(gpu, cpu) for gpu, cpu in zip(gpu_levels, cpu_levels, strict=True)]
+    values = [psnr(gpu, cpu) for gpu, cpu in zip(gpu_levels, cpu_levels, strict=True)]
     return {"samples": len(values), "min_db": min(values), "median_db": statistics.median(values)}
 
 
@@ -206,8 +226,10 @@ def print_line(line):
 
 def report_lines(report):
     versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
-    lines = [f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images; "
-             f"{versions}; CPU path decodes with {report['cpu_decoder']}"]  # fmt: skip
+    lines = [
+        f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images; "
+        f"{versions}; CPU path decodes with {report['cpu_decoder']}"
+    ]
     lines += [f"  {name:<28} {rate:>9.0f} images/s" for name, rate in report["decode"].items()]
     for name, rates in report["scaling"].items():
         counts = ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items())
@@ -222,34 +244,43 @@ def report_lines(report):
     if not report["streams"]["wrong"]:
         lines.append("  streams: not checked (no CUDA)")
     for name, wrong in report["streams"]["wrong"].items():
-        lines.append(f"  streams: {name}: {wrong} of {report['streams']['rounds']} rounds changed the training "
-                     "stream's data")  # fmt: skip
+        lines.append(
+            f"  streams: {name}: {wrong} of {report['streams']['rounds']} rounds changed the training stream's data"
+        )
     agreement = report["agreement"]
-    lines.append(f"  GPU vs CPU crops: PSNR min {agreement['min_db']:.1f} dB, median {agreement['median_db']:.1f} dB "
-                 f"over {agreement['samples']} samples")  # fmt: skip
+    lines.append(
+        f"  GPU vs CPU crops: PSNR min {agreement['min_db']:.1f} dB, median {agreement['median_db']:.1f} dB "
+        f"over {agreement['samples']} samples"
+    )
     return lines
 
 
 def build_parser(prog):
-    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=bench_data.image_count, default=4000, help="generated images (default: 4000)")
-    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="where the images and their prepared copy "
-                        f"are kept (default: {DEFAULT_CACHE_DIR})")  # fmt: skip
+    parser.add_argument(
+        "--cache-dir",
+        default=DEFAULT_CACHE_DIR,
+        help=f"where the images and their prepared copy are kept (default: {DEFAULT_CACHE_DIR})",
+    )
     parser.add_argument("--out-dir", default="gpu-check", help="where gpu_check.json goes (default: gpu-check)")
-    parser.add_argument("--batch-size", type=config.positive_int, default=128, help="(default: 128)")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=128, help="(default: 128)")
     parser.add_argument("--arch", default="resnet50", help="the model trained (default: resnet50)")
-    parser.add_argument("--steps", type=config.positive_int, default=150, help="training steps per decoder "
-                        "(default: 150)")  # fmt: skip
-    parser.add_argument("--samples", type=config.positive_int, default=200, help="crops compared (default: 200)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda; cpu: a dry run of the script (no GPU figures) (default: cuda)")  # fmt: skip
+    parser.add_argument("--steps", type=cli.positive_int, default=150, help="training steps per decoder (default: 150)")
+    parser.add_argument("--samples", type=cli.positive_int, default=200, help="crops compared (default: 200)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cuda; cpu: a dry run of the script (no GPU figures) (default: cuda)",
+    )
     return parser
 
 
 def main(argv=None, prog="torchlab gpu-check"):
     args = build_parser(prog).parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        io.exit_with_error(prog, f"{config.NO_CUDA_DEVICE}; --device cpu is a dry run")
+        io.exit_with_error(prog, f"{resolve.NO_CUDA_DEVICE}; --device cpu is a dry run")
     if args.images < args.batch_size:
         io.exit_with_error(prog, f"--images {args.images}: fewer than one batch (--batch-size {args.batch_size})")
     device = torch.device(args.device)
@@ -258,7 +289,7 @@ def main(argv=None, prog="torchlab gpu-check"):
     data_root = os.path.join(cache_dir, f"images-{args.images}")
     print(f"generating {args.images} images in {data_root} and a prepared copy (once) ...", flush=True)
     bench_data.write_bench_data(data_root, args.images)
-    prepared.prepare(data_root, data_root + ".prepared")
+    prepared.prepare(data_root, data_root + ".prepared", processes=loader.usable_cpu_count())
     decoders = DECODERS  # on the CPU, the "gpu" decoder is torchvision's CPU decoder: the script is tried
     compile_settings = (False, True) if device.type == "cuda" else (False,)  # --compile needs a C++ compiler
     report = {
@@ -270,7 +301,7 @@ def main(argv=None, prog="torchlab gpu-check"):
         "arch": args.arch,
         "decode": decode_rates(
             {"raw": data_root, "prepared": data_root + ".prepared"}, args.batch_size, device, 2, print_line
-        ),  # fmt: skip
+        ),
         "scaling": scaling_rates(data_root, args.batch_size, device, decoders, print_line),
         "model_only": model_only_rates(args, compile_settings, print_line),
         "training": training_rates(data_root, args, print_line),

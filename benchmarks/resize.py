@@ -1,5 +1,7 @@
-"""How fast, and how close to Pillow, each way of resizing a crop to the network's input is: `torchlab
-bench-resize` (or `make bench-resize`, which adds OpenCV and Pillow-SIMD in a throwaway container).
+"""How fast, and how close to Pillow, each way of resizing a crop to the network's input is: `python
+benchmarks/resize.py` in the image with the sources mounted (benchmarks/resize.sh runs it so, with OpenCV and
+Pillow-SIMD added in a throwaway container). It answered a design question (torch's filter stays: the dated
+figures are in docs/performance.md), so it is no command of the package.
 
 It generates photo-like images (tools/bench_data.py's 1/f shapes and texture, through a JPEG round trip) of
 two sizes, ImageNet's usual 465x384 and 1600x1200, draws RandomResizedCrop boxes on them
@@ -37,10 +39,11 @@ import torch
 from PIL import Image
 
 import torchlab
-from torchlab import config, io
+from torchlab import cli, io
 from torchlab.data import decode
 from torchlab.pipeline import loader
 from torchlab.tools import bench_data
+from torchlab.tools.gpu_check import psnr
 
 # The crops' source images: name -> (width, height).
 IMAGE_SIZES = {"465x384": (465, 384), "1600x1200": (1600, 1200)}
@@ -56,7 +59,8 @@ METHODS = {
     "pillow-simd": f"Pillow-SIMD resize, BILINEAR, reducing_gap={decode.RESIZE_REDUCING_GAP} (child process)",
 }
 # What the child process with Pillow-SIMD on its path runs: pillow_child(crops.npz, out_dir, size, passes).
-CHILD_CODE = "import sys; from torchlab.tools import bench_resize; bench_resize.pillow_child(*sys.argv[1:])"
+CHILD_CODE = "import sys; from benchmarks import resize; resize.pillow_child(*sys.argv[1:])"
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Unavailable(Exception):
@@ -112,7 +116,8 @@ def opencv_resizer():
     try:
         import cv2
     except ImportError as error:
-        raise Unavailable(f"cv2 does not import ({error}); make bench-resize installs opencv-python-headless") from None
+        fix = "benchmarks/resize.sh installs opencv-python-headless"
+        raise Unavailable(f"cv2 does not import ({error}); {fix}") from None
     cv2.setNumThreads(1)
     return cv2.__version__, functools.partial(opencv_resize, cv2)
 
@@ -163,7 +168,8 @@ def run_pillow_child(simd_dir, crops, size, passes, temp_dir):
     crops_path = os.path.join(temp_dir, "crops.npz")
     save_crops(crops_path, crops)
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(torchlab.__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([simd_dir, package_root]), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join([simd_dir, REPOSITORY, package_root])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-c", CHILD_CODE, crops_path, temp_dir, str(size), str(passes)]
     completed = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if completed.returncode != 0:
@@ -178,7 +184,7 @@ def run_pillow_child(simd_dir, crops, size, passes, temp_dir):
 def pillow_simd_resizer(simd_dir, crops, size, passes):
     """(Pillow-SIMD's version, timed) measured in a child process; Unavailable unless its PIL is Pillow-SIMD."""
     if simd_dir is None:
-        raise Unavailable("not asked for (--pillow-simd DIR; make bench-resize builds it)")
+        raise Unavailable("not asked for (--pillow-simd DIR; benchmarks/resize.sh builds it)")
     with tempfile.TemporaryDirectory(prefix="bench-resize-") as temp_dir:
         timing, timed = run_pillow_child(os.path.abspath(simd_dir), crops, size, passes, temp_dir)
     if SIMD_VERSION_MARK not in timing["version"]:
@@ -187,12 +193,6 @@ def pillow_simd_resizer(simd_dir, crops, size, passes):
             f"(Pillow-SIMD's versions look like 9.5.0.post1)"
         )
     return timing["version"], timed
-
-
-def psnr(image, reference):
-    """Peak signal-to-noise ratio of `image` against `reference` (uint8 arrays), in dB; inf when identical."""
-    error = np.mean((np.asarray(image, dtype=np.float64) - np.asarray(reference, dtype=np.float64)) ** 2)
-    return math.inf if error == 0 else 10 * math.log10(255**2 / error)
 
 
 def finite_or_none(value):
@@ -298,13 +298,15 @@ def run_bench_resize(args, print_line=print):
         group: draw_crops(width, height, args.crops, args.images, args.seed)
         for group, (width, height) in IMAGE_SIZES.items()
     }
+    settings = {"crops": args.crops, "images": args.images, "passes": args.passes, "size": args.size}
+    settings.update(seed=args.seed, image_sizes=IMAGE_SIZES, required_psnr_db=REQUIRED_PSNR_DB)
+    machine = {"usable_cpus": loader.usable_cpu_count(), "load_average_1min": load_average}
+    machine.update(python=platform.python_version(), torch_threads=torch.get_num_threads())
     report = {
-        "settings": {"crops": args.crops, "images": args.images, "passes": args.passes, "size": args.size,
-                     "seed": args.seed, "image_sizes": IMAGE_SIZES, "required_psnr_db": REQUIRED_PSNR_DB},
-        "machine": {"usable_cpus": loader.usable_cpu_count(), "load_average_1min": load_average,
-                    "python": platform.python_version(), "torch_threads": torch.get_num_threads()},
+        "settings": settings,
+        "machine": machine,
         "resizers": resizer_rows(crops, args.size, args.passes, args.pillow_simd, print_line),
-    }  # fmt: skip
+    }
     json_path = io.write_json_report(args.out_dir, RESULT_FILE, report)
     for line in report_lines(report):
         print_line(line)
@@ -313,16 +315,14 @@ def run_bench_resize(args, print_line=print):
 
 
 def build_parser(prog):
-    parser = io.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--crops", type=config.positive_int, default=64, help="crops of each image size (default: 64)")
+    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--crops", type=cli.positive_int, default=64, help="crops of each image size (default: 64)")
+    parser.add_argument("--images", type=cli.positive_int, default=8, help="generated images of each size (default: 8)")
     parser.add_argument(
-        "--images", type=config.positive_int, default=8, help="generated images of each size (default: 8)"
+        "--passes", type=cli.positive_int, default=3, help="timed passes; each crop's best counts (default: 3)"
     )
-    parser.add_argument(
-        "--passes", type=config.positive_int, default=3, help="timed passes; each crop's best counts (default: 3)"
-    )
-    parser.add_argument("--size", type=config.image_size, default=224, help="output side in px (default: 224)")
-    parser.add_argument("--seed", type=config.seed, default=0, help="the same seed, the same crops (default: 0)")
+    parser.add_argument("--size", type=cli.image_size, default=224, help="output side in px (default: 224)")
+    parser.add_argument("--seed", type=cli.seed, default=0, help="the same seed, the same crops (default: 0)")
     parser.add_argument(
         "--pillow-simd",
         metavar="DIR",
@@ -336,7 +336,7 @@ def build_parser(prog):
     return parser
 
 
-def main(argv=None, prog="torchlab bench-resize"):
+def main(argv=None, prog="benchmarks/resize.py"):
     args = build_parser(prog).parse_args(argv)
     if args.pillow_simd is not None and not os.path.isdir(args.pillow_simd):
         io.exit_with_error(prog, f"--pillow-simd {args.pillow_simd}: not a folder (pip install --target DIR makes one)")

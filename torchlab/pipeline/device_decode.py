@@ -28,7 +28,6 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchlab.data import decode
 from torchlab.pipeline import loader
 
-DECODERS = ("auto", "cpu", "gpu")
 JPEG_START = b"\xff\xd8\xff"
 JPEG_END = b"\xff\xd9"
 SNIFFED_SAMPLES = 32  # files read to decide whether --decode auto means gpu: most of them must be JPEGs
@@ -53,7 +52,7 @@ def mostly_jpegs(index, count=SNIFFED_SAMPLES):
 
 def resolve_decoder(decoder, device, index):
     """--decode auto, once the data index is known: gpu on a CUDA `device` when most images of `index` are
-    JPEGs, else cpu; cpu and gpu stay. train.py (config.resolve_decoder) and the doctor decide so."""
+    JPEGs, else cpu; cpu and gpu stay."""
     if decoder != "auto":
         return decoder
     return "gpu" if str(device).startswith("cuda") and mostly_jpegs(index) else "cpu"
