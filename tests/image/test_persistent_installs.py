@@ -10,7 +10,6 @@ from helpers.docker import IMAGE, docker
 from helpers.jupyter import TOKEN, execute
 from helpers.ssh import ssh
 
-
 SIX_VERSION = "import six; print(six.__version__)"
 
 
