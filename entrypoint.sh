@@ -25,15 +25,15 @@ set -euo pipefail
 start_dir=/usr/local/lib/torchlab/start
 
 # Helpers: log and die, the table of variables, the trust boundary, the hook runner, the supervisor.
-# shellcheck source=start/log.sh
+# shellcheck source=image/start/log.sh
 source "$start_dir/log.sh"
-# shellcheck source=start/variables.sh
+# shellcheck source=image/start/variables.sh
 source "$start_dir/variables.sh"
-# shellcheck source=start/boundary.sh
+# shellcheck source=image/start/boundary.sh
 source "$start_dir/boundary.sh"
-# shellcheck source=start/hooks.sh
+# shellcheck source=image/start/hooks.sh
 source "$start_dir/hooks.sh"
-# shellcheck source=start/supervise.sh
+# shellcheck source=image/start/supervise.sh
 source "$start_dir/supervise.sh"
 
 # 0. The secrets come back from the pipe the first run left (hand_off); then the root phase's environment.
@@ -44,13 +44,13 @@ exec 3<&-
 unset TORCHLAB_SECRETS_FD
 secure_environment
 
-# shellcheck source=start/10-validate.sh
+# shellcheck source=image/start/10-validate.sh
 source "$start_dir/10-validate.sh"
-# shellcheck source=start/20-user.sh
+# shellcheck source=image/start/20-user.sh
 source "$start_dir/20-user.sh"
-# shellcheck source=start/30-ssh.sh
+# shellcheck source=image/start/30-ssh.sh
 source "$start_dir/30-ssh.sh"
-# shellcheck source=start/40-jupyter-auth.sh
+# shellcheck source=image/start/40-jupyter-auth.sh
 source "$start_dir/40-jupyter-auth.sh"
 
 # 5. checks, hooks, start
