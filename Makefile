@@ -171,9 +171,10 @@ push: ## push the image as REGISTRY/IMAGE:<what is inside>-<version> and :latest
 shell: ## a shell in a throwaway container, as the user
 	$(DOCKER_CLI) run --rm -it $(IMAGE) bash -l
 
+# The start's parts (image/start/) are checked as entrypoint.sh sources them, where what they share is declared.
 lint: $(VENV)/.done ## hadolint, shellcheck, ruff
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck -x entrypoint.sh image/start/*.sh image/services/*.sh .ci/run buildtools/detect-build
+	$(VENV)/bin/shellcheck -x --check-sourced entrypoint.sh image/services/*.sh .ci/run buildtools/detect-build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

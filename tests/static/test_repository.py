@@ -145,8 +145,8 @@ def test_the_readme_variable_table_is_made_from_the_start_variables_table():
 
 # Upper-case names the start-up reads that the image or the start itself sets, not the operator.
 START_INTERNALS = {"PATH", "PWD", "LD_PRELOAD", "PYTHONUSERBASE", "CONDA_ENVS_PATH", "JUPYTER_PATH", "ROOT_PATH"}
-START_INTERNALS |= {"USER_BASE", "SECRET_VARIABLES", "OWN_VARIABLES", "SHM_WARN_MB", "HOME_DIR", "JUPYTER_RESTARTS"}
-START_INTERNALS |= {"NB_UID_GIVEN", "NB_GID_GIVEN", "BASH_REMATCH", "SECONDS", "TORCHLAB_SECRETS_FD"}
+START_INTERNALS |= {"USER_BASE", "SECRET_VARIABLES", "OWN_VARIABLES", "JUPYTER_RESTARTS", "BASH_REMATCH", "SECONDS"}
+START_INTERNALS |= {"TORCHLAB_SECRETS_FD"}
 
 
 def test_every_variable_the_start_reads_is_in_the_table():
