@@ -55,7 +55,8 @@ expect_services() {
 
 # A root start's sshd runs in the root phase's environment, which holds no secret; a user's sshd serves
 # that one account (OpenSSH's non-privileged mode) in the user's environment (nss_wrapper's entry
-# included); its key files live in /run/torchlab, which is the user's: StrictModes off.
+# included); its key files live in /run/torchlab, which is the user's: StrictModes off. Reads as_user;
+# sets sshd_pid.
 start_sshd() {
     local command=(/usr/sbin/sshd -D -e -o "Port=$SSH_PORT" -o PidFile=none)
     root_start || command=("${as_user[@]}" "${command[@]}" -o StrictModes=no)
@@ -65,7 +66,8 @@ start_sshd() {
 
 # Notebook 7 and JupyterLab are one server either way (/tree and /lab); JUPYTER_UI picks what / opens.
 # Under a hub, the hub's URL (ip, port, prefix) and auth win over jupyter_server_config.py; the
-# hub admin's c.Spawner.default_url wins over JUPYTER_UI.
+# hub admin's c.Spawner.default_url wins over JUPYTER_UI. Reads as_user, jupyter_auth and jupyter_args;
+# sets jupyter_pid.
 start_jupyter() {
     local command
     if spawned_by_hub; then
@@ -81,12 +83,13 @@ start_jupyter() {
 }
 
 # The doctor's report in the start log; in the background, as importing torch and counting a
-# large /data take a while.
+# large /data take a while. Reads as_user.
 start_doctor() {
     [ "$DOCTOR_AT_START" = yes ] || return 0
     "${as_user[@]}" torchlab doctor 2>&1 | while IFS= read -r line; do log "doctor: $line"; done &
 }
 
+# The start log's last lines: how to log in. Reads token_generated (a random token is shown).
 log_how_to_connect() {
     local base_url ui
     base_url=$(server_base_url) ui=$(ui_path)
@@ -114,6 +117,7 @@ users_processes() {  # top | all
         }'
 }
 
+# SIGTERM to the user's top-level processes, then wait until none of theirs is left.
 stop_users_processes() {
     local top_level
     top_level=$(users_processes top)
@@ -135,6 +139,7 @@ restart_jupyter() {
     ((${#jupyter_restarts[@]} <= JUPYTER_RESTARTS))
 }
 
+# sshd, Jupyter and the doctor, supervised as the top of this file says; never returns.
 supervise_services() {
     local status ended name
     cd /workspace || exit
