@@ -63,6 +63,14 @@ RUN --mount=type=secret,id=ca_bundle \
         -r <(python3 "${spec[@]}" requirements torch "$env_file") \
  && cuda="$(case "$TORCH_INDEX_URL" in */cu118*) echo 11.8;; esac)" \
  && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file"
+# The image's packages beside the venv's site-packages, and what the user installs (pip install --user, or
+# pip install as the user) before them on sys.path: image/python/_torchlab_user_first.py says why.
+COPY image/python/_torchlab_user_first.py /tmp/torchlab/
+RUN purelib=$(/opt/env/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+ && mv "$purelib" "$(dirname "$purelib")/image-packages" \
+ && install -D -m 644 /tmp/torchlab/_torchlab_user_first.py "$purelib/_torchlab_user_first.py" \
+ && echo "import _torchlab_user_first; _torchlab_user_first.add_site_dirs()" >"$purelib/_torchlab_user_first.pth" \
+ && /opt/env/bin/python -c 'import torch, numpy, six'
 
 # ---------------------------------------------------------------- the torchlab package
 # A wheel of torchlab/ (pyproject.toml), built with the env's Python; the runtime installs it without
@@ -149,7 +157,8 @@ RUN --mount=type=bind,from=package,source=/wheels,target=/tmp/wheels \
     PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
     /opt/env/bin/pip install --no-deps --no-cache-dir /tmp/wheels/torchlab-*.whl
 COPY train.py /opt/torchlab/train.py
-COPY docs/training.md /opt/torchlab/README.md
+COPY README.md LICENSE /opt/torchlab/
+COPY docs/ /opt/torchlab/docs/
 COPY notebooks/ /opt/torchlab/notebooks/
 COPY image/start/ /usr/local/lib/torchlab/start/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh

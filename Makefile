@@ -9,7 +9,7 @@ CA_BUNDLE ?= auto## CA bundle for builds (a BuildKit secret, never in a layer); 
 DATA ?=## host folder mounted at /data by `make run` (default: generated sample data)
 DOCKER ?= auto## docker CLI with BuildKit; auto: the first on PATH with buildx, else one with BuildKit built in (before 23.0)
 COMPOSE ?= docker-compose## compose CLI (docker-compose, or "docker compose")
-SHM_SIZE ?= 8g## /dev/shm of `make run`
+SHM_SIZE ?=## /dev/shm of `make run` (default: Docker's 64 MB; train.py's decode threads need none)
 JUPYTER_UI ?= notebook## what `make run`'s Jupyter URL opens: notebook (Notebook 7, /tree) or lab (JupyterLab, /lab)
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
@@ -87,7 +87,7 @@ run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start t
 	[ -n "$$key" ] || echo "make run: no ~/.ssh/id_ed25519.pub or id_rsa.pub, so ssh will refuse you: ssh-keygen -t ed25519" >&2; \
 	gpus=$$(command -v nvidia-smi >/dev/null && echo --gpus all); \
 	name=$(CONTAINER); \
-	$(DOCKER_CLI) run -d --name $$name $$gpus --shm-size=$(SHM_SIZE) \
+	$(DOCKER_CLI) run -d --name $$name $$gpus $(if $(SHM_SIZE),--shm-size=$(SHM_SIZE)) \
 		-p 127.0.0.1:$(JUPYTER_HOST_PORT):8888 -p 127.0.0.1:$(SSH_HOST_PORT):2222 \
 		-v $(abspath $(or $(DATA),$(SAMPLE_DATA))):/data:ro -v torchlab-workspace:/workspace \
 		-v torchlab-ssh-host-keys:/etc/ssh/host_keys -e SSH_PUBLIC_KEY="$$key" -e JUPYTER_UI=$(JUPYTER_UI) \
@@ -128,7 +128,7 @@ bench: image ## compare input pipelines (naive, classic, torchlab: processes and
 		-v $(CURDIR)/.cache/bench:/cache --entrypoint torchlab $(IMAGE) \
 		bench --images $(BENCH_IMAGES) --cache-dir /cache --out-dir /cache/results
 
-gpu-check: image ## on a GPU host, ~2 min, never in CI: --decode cpu vs gpu (decode, ResNet-50 AMP), PSNR, streams; .cache/gpu-check/results
+gpu-check: image ## on a GPU host, ~10 min, never in CI: loaders and decoders against threads/workers, the model-only ceiling, training as a share of it, --compile, PSNR, streams; .cache/gpu-check/results
 	mkdir -p .cache/gpu-check
 	$(DOCKER_CLI) run --rm --gpus all --user $$(id -u):$$(id -g) --shm-size=8g -e HOME=/tmp -e MPLCONFIGDIR=/tmp \
 		-v $(CURDIR)/.cache/gpu-check:/cache --entrypoint torchlab $(IMAGE) \

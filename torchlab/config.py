@@ -115,7 +115,7 @@ class TrainConfig:
                        "into a reused batch buffer (nothing through /dev/shm); processes: DataLoader worker "
                        "processes, whose batches pass through /dev/shm; auto: threads where /dev/shm is too small "
                        f"for the workers' batches, else what --autotune saved, else {plan.DEFAULT_BACKEND} (faster "
-                       "in make bench on a 2-CPU machine: docs/training.md) (default: auto)",
+                       "on a 2-CPU machine: docs/performance.md) (default: auto)",
                        choices=("auto", *loader.BACKENDS))  # fmt: skip
     jpeg_draft: bool = flag(None, "data loading", "decode JPEGs at 1/2, 1/4 or 1/8 scale when the crop allows "
                             "(default: on, or what --autotune saved, with --workers auto)", switch=True)  # fmt: skip
@@ -206,7 +206,7 @@ def build_parser(prog=PROG):
     parser = io.OneLineErrorParser(
         prog=prog,
         description="Train a torchvision classifier on an ImageFolder. Rerunning the same command resumes "
-        "from the newest checkpoint in --run-dir. In the image, /opt/torchlab/README.md tells more.",
+        "from the newest checkpoint in --run-dir. In the image, /opt/torchlab/docs/training.md tells more.",
     )
     parser.add_argument(
         "--config",

@@ -4,8 +4,9 @@
 main() reads top to bottom: the flags are parsed and resolved, the data index and the model are checked
 before anything is written; then the loaders, the optimiser and the checkpoint --resume picked (restored before
 the run directory is touched), the run directory; then the epoch loop (train_one_epoch, evaluate), which reports
-progress, checkpoints (CheckpointManager), and stops cleanly on SIGTERM or SIGINT. README.md beside train.py
-tells how to run it over SSH, on several GPUs or machines (torchrun), and what lands in the run directory.
+progress, checkpoints (CheckpointManager), and stops cleanly on SIGTERM or SIGINT. docs/training.md
+(/opt/torchlab/docs/training.md in the image) tells how to run it over SSH, on several GPUs or machines
+(torchrun), and what lands in the run directory.
 """
 
 import dataclasses

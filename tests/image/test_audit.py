@@ -1,5 +1,5 @@
 """Dependency audit of the image's Python env with pip-audit: every known vulnerability must be
-one that README.md lists, with the reason its pin stays."""
+one that docs/security.md lists, with the reason its pin stays."""
 
 import json
 import re
@@ -14,7 +14,7 @@ from helpers.docker import IMAGE, docker
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_env_has_no_vulnerability_that_the_readme_does_not_list(tmp_path):
+def test_env_has_no_vulnerability_that_the_docs_do_not_list(tmp_path):
     freeze = docker("run", "--rm", "--entrypoint", "pip", IMAGE, "freeze", "--all").stdout
     # Local version labels (+cu124) are not on PyPI's vulnerability records; the release is.
     (tmp_path / "requirements.txt").write_text(re.sub(r"\+\S+$", "", freeze, flags=re.M))
@@ -28,7 +28,7 @@ def test_env_has_no_vulnerability_that_the_readme_does_not_list(tmp_path):
     audited = [d for d in dependencies if "skip_reason" not in d]
     if not audited:
         pytest.skip(f"no vulnerability database answered from here: {dependencies[0]['skip_reason']}")
-    known = ROOT.joinpath("README.md").read_text()
+    known = ROOT.joinpath("docs", "security.md").read_text()
     unlisted = [
         f"{d['name']} {d['version']}: {v['id']}"
         for d in audited
@@ -37,4 +37,4 @@ def test_env_has_no_vulnerability_that_the_readme_does_not_list(tmp_path):
     ]
     found = sum(len(d["vulns"]) for d in audited)
     print(f"\npip-audit: {len(audited)} packages audited, {found} known vulnerabilities")
-    assert not unlisted, "vulnerable pins missing from README.md's list: " + "; ".join(unlisted)
+    assert not unlisted, "vulnerable pins missing from docs/security.md's list: " + "; ".join(unlisted)

@@ -195,7 +195,7 @@ def test_restart_policy_brings_it_back_with_the_same_host_keys_and_token(contain
         docker("volume", "rm", "-f", volume, check=False)
 
 
-# The smallest set of capabilities the image needs; README.md lists the same.
+# The smallest set of capabilities the image needs; docs/configuration.md lists the same.
 MINIMAL_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL"]
 
 
@@ -208,11 +208,11 @@ def test_runs_with_all_capabilities_dropped_but_the_documented_few(containers, s
     assert container.state()["ExitCode"] == 0
 
 
-def test_readme_lists_the_minimal_capabilities():
+def test_docs_list_the_minimal_capabilities():
     from test_entrypoint import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    assert "--cap-drop ALL " + " ".join(f"--cap-add {cap}" for cap in MINIMAL_CAPS) in readme
+    configuration = (ROOT / "docs" / "configuration.md").read_text()
+    assert "--cap-drop ALL " + " ".join(f"--cap-add {cap}" for cap in MINIMAL_CAPS) in configuration
 
 
 READ_ONLY_MOUNTS = ["--read-only", "--tmpfs", "/run", "--tmpfs", "/tmp", "--tmpfs", "/home/jovyan:uid=1000,gid=100"]
@@ -233,10 +233,10 @@ def test_runs_with_a_read_only_root_filesystem(containers, ssh_key, tmp_path):
     assert (workspace / "new").exists()
 
 
-def test_readme_lists_the_read_only_mounts():
+def test_docs_list_the_read_only_mounts():
     from test_entrypoint import ROOT
 
-    assert " ".join(READ_ONLY_MOUNTS) in (ROOT / "README.md").read_text()
+    assert " ".join(READ_ONLY_MOUNTS) in (ROOT / "docs" / "configuration.md").read_text()
 
 
 def planted_files(workspace):

@@ -49,7 +49,7 @@ def start(containers, mode, ssh_key, tmp_path, env=None, args=()):
     docker_args = [*args] if "--no-healthcheck" in args else ["--health-interval=1s", *args]
     if mode != "root":
         docker_args += ["--user", mode]
-    if mode == "1010:0":  # OpenShift's kind of UID, with a folder of its own (README: Running without root)
+    if mode == "1010:0":  # OpenShift's kind of UID, with a folder of its own (docs/configuration.md)
         workspace = tmp_path / "ws"
         workspace.mkdir()
         os.chown(workspace, 1010, 0)

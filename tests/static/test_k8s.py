@@ -1,5 +1,5 @@
 """k8s/: the committed manifests are exactly what k8s/render.py makes of values.json, every one is a valid
-Kubernetes object, and they agree with docker-compose.yml, docker-compose.multinode.yml and README.md on what
+Kubernetes object, and they agree with docker-compose.yml and docker-compose.multinode.yml on what
 they share (image, ports, /dev/shm, mount paths, secrets, nodes, run directory); every pod starts as the user."""
 
 import json

@@ -131,14 +131,14 @@ def test_licence_label_agrees_with_the_licence_file():
     assert own == "BSD-3-Clause"
     assert licence.startswith("BSD 3-Clause License\n")
     assert "Neither the name of the copyright holder nor the names of its" in licence
-    # What the image bundles under its own terms is named in the label and in the README.
+    # What the image bundles under its own terms is named in the label and in the security page.
     assert "LicenseRef-NVIDIA-CUDA-EULA" in label.split(" AND ")[1:]
-    readme = (ROOT / "README.md").read_text()
-    assert "## Licences" in readme and "BSD-3-Clause" in readme
+    security = (ROOT / "docs" / "security.md").read_text()
+    assert "## Licences" in security and "BSD-3-Clause" in security
 
 
-def test_the_readme_variable_table_is_made_from_the_start_variables_table():
-    command = [sys.executable, str(ROOT / "tools" / "readme-variables"), "--check"]
+def test_the_documented_variable_table_is_made_from_the_start_variables_table():
+    command = [sys.executable, str(ROOT / "buildtools" / "variables-doc"), "--check"]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
 
@@ -155,3 +155,33 @@ def test_every_variable_the_start_reads_is_in_the_table():
     start = "\n".join(path.read_text() for path in [ROOT / "entrypoint.sh", *(ROOT / "image" / "start").glob("*.sh")])
     read = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", start)) - START_INTERNALS
     assert read <= table, sorted(read - table)
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def anchors(markdown):
+    """The anchors GitHub gives a page's headings: lower case, spaces as hyphens, other punctuation dropped."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: path.relative_to(ROOT).as_posix())
+def test_every_relative_link_in_the_docs_resolves(doc):
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.M | re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        if not linked.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, f"{doc.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_the_readme_stays_short():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 200, f"README.md has {lines} lines: move detail into docs/"

@@ -124,15 +124,21 @@ def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)  # main runs this process on one thread, as the bench does
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert set(report["pipelines"]) == {"naive", "classic", "torchlab", "torchlab-prepared", "torchlab-threads",
-                                        "torchlab-threads-prepared"}  # fmt: skip
+    rows = ["naive", "classic", "torchlab", "torchlab-prepared", "torchlab-threads", "torchlab-threads-prepared"]
+    assert set(report["pipelines"]) == {*rows, "own-create_loader", "own-DataLoader"}
     for name, row in report["pipelines"].items():
         assert row["images_per_sec"] > 0 and 0 <= row["data_wait_frac"] <= 1, name
     assert report["pipelines"]["torchlab"]["ready_images_per_sec"] > 0
     threads = report["pipelines"]["torchlab-threads"]
     assert threads["ready_images_per_sec"] > 0 and threads["loader"] == "threads"
     assert "collate" not in report["stages"]["torchlab-threads"]["ms_per_image"]  # written in place
-    assert all(memory["rss_mb"] > 0 for memory in report["loader_memory"].values())
+    own = report["pipelines"]["own-create_loader"], report["pipelines"]["own-DataLoader"]
+    assert [row["loader"] for row in own] == ["threads", "processes"]  # create_loader's plan; the hand-set one
+    assert own[1]["workers"] == report["pipelines"]["classic"]["workers"]  # the seed's settings
+    memory = report["loader_memory"]  # each backend in a fresh process, with as many workers as threads
+    assert [memory[name]["loader"] for name in ("torchlab", "torchlab-threads")] == ["processes", "threads"]
+    assert memory["torchlab"]["workers"] == memory["torchlab-threads"]["workers"] > 0
+    assert all(backend["rss_mb"] > 0 for backend in memory.values())
     assert all(rate > 0 for rate in report["ceilings"].values()), report["ceilings"]
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
     assert "torchlab / decode-only ceiling" in capsys.readouterr().out

@@ -9,6 +9,7 @@ import torch
 
 from conftest import TRAIN_ENV, torchlab_command
 from torchlab.data import decode
+from torchlab.pipeline import loader
 
 
 def test_the_dry_run_reports_every_figure(tmp_path):
@@ -23,8 +24,17 @@ def test_the_dry_run_reports_every_figure(tmp_path):
     assert set(report["decode"]) == {f"{source} --decode {decoder}" for source in ("raw", "prepared")
                                      for decoder in ("cpu", "gpu")}  # fmt: skip
     assert all(rate > 0 for rate in report["decode"].values())
-    assert set(report["training"]) == {"cpu"}  # train.py refuses --decode gpu without CUDA
-    assert report["training"]["cpu"]["images_per_sec"] > 0 and 0 <= report["training"]["cpu"]["data_wait_frac"] < 1
+    counts = sorted({1, 2, 4, 8, loader.usable_cpu_count()} & set(range(1, loader.usable_cpu_count() + 1)))
+    assert set(report["scaling"]) == {f"{backend} --decode {decoder}" for backend in ("threads", "processes")
+                                      for decoder in ("cpu", "gpu")}  # fmt: skip
+    assert all(list(map(int, rates)) == counts and min(rates.values()) > 0 for rates in report["scaling"].values())
+    assert set(report["model_only"]) == {"--compile off"} and report["model_only"]["--compile off"] > 0
+    # train.py refuses --decode gpu without CUDA, and --compile is left to a GPU host
+    assert set(report["training"]) == {"threads --decode cpu", "processes --decode cpu"}
+    for name, run in report["training"].items():
+        assert run["images_per_sec"] > 0 and 0 <= run["data_wait_frac"] < 1
+        share = report["share_of_ceiling"][name]
+        assert share == pytest.approx(run["images_per_sec"] / report["model_only"]["--compile off"])
     # Same boxes and flips: the paths differ only by JPEG draft decoding (CPU) against full-size decoding.
     assert report["agreement"]["samples"] == 8 and report["agreement"]["min_db"] > 30
     # It names the CPU path's decoder: the region decoder where the package was built with it, as in the image.

@@ -8,7 +8,7 @@ read the same plan.
 
 --loader auto: threads wherever /dev/shm is too small for the worker processes' batches; else DEFAULT_BACKEND,
 the one `make bench` measured faster on a 2-CPU machine of this kind (decode threads share one process's memory
-and pass nothing through /dev/shm: docs/training.md gives the figures); else what --autotune saved.
+and pass nothing through /dev/shm: docs/performance.md gives the figures); else what --autotune saved.
 """
 
 import dataclasses

@@ -9,6 +9,9 @@ over --repetitions after a warm-up pass:
   torchlab           train.py's default pipeline, as --loader-only runs it (decode.ImageDataset,
                      loader.build_loader, loader.BatchToDevice)
   torchlab-prepared  the same on a prepared copy (torchlab prepare) of the files
+  own-create_loader  a user's own Dataset of the usual kind (paths in __init__, Image.open and a resize to 224 px
+                     in __getitem__) through torchlab.pipeline.create_loader, the public way in
+  own-DataLoader     the same Dataset through the DataLoader a user sets by hand: classic's settings
   torchlab-gpu-decode  where CUDA is present: torchlab with --decode gpu (the workers read the files; the GPU
                      decodes, crops, resizes and normalises each batch: its device step)
 
@@ -45,7 +48,7 @@ from torchvision import transforms
 
 from torchlab import config, io
 from torchlab.data import decode, device_decode, folder, prepared, splits
-from torchlab.pipeline import loader, plan, sampler
+from torchlab.pipeline import loader, plan, public, sampler
 from torchlab.tools import bench_data
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
@@ -60,6 +63,7 @@ MAIN_PROCESS_STAGES = ("transfer", "device step")
 READY_SUFFIX = ":ready"
 GPU_DECODE = "torchlab-gpu-decode"  # a row only where CUDA is present
 THREADS, THREADS_PREPARED = "torchlab-threads", "torchlab-threads-prepared"  # --loader threads
+OWN_CREATE_LOADER, OWN_DATALOADER = "own-create_loader", "own-DataLoader"  # a user's own Dataset
 NAME_WIDTH = len("torchlab-threads-prepared")  # the report's column of row names fits the longest
 
 
@@ -119,19 +123,59 @@ class CopyToDevice:
             yield (*self(images, labels), [])
 
 
-def torchlab_settings(batch_size, backend="auto"):
+class OwnPhotos(torch.utils.data.Dataset):
+    """A user's own Dataset of the usual kind: paths in __init__, Image.open and a fixed-size resize in
+    __getitem__, (uint8 HWC array, label) out."""
+
+    def __init__(self, paths, labels, image_size):
+        self.paths, self.labels, self.image_size = paths, labels, image_size
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with Image.open(self.paths[i]) as image:
+            return np.asarray(image.convert("RGB").resize((self.image_size, self.image_size))), int(self.labels[i])
+
+
+class OwnBatchToDevice(loader.BatchToDevice):
+    """train.py's device step (uint8 to normalised float) for (images, labels[, ...]) batches of a user's loader."""
+
+    def batches(self, loader_batches):
+        for images, labels, *_ in loader_batches:
+            yield (*self(images, labels), [])
+
+
+def own_dataset_pipelines(data_root, batch_size, device, workers):
+    """A user's own Dataset through create_loader (the plan it prints, silenced) and through a DataLoader with
+    classic's settings (`workers`, pin_memory, prefetch_factor=2, persistent workers)."""
+    _, train_index, _ = splits.load_splits(data_root, 0.0, 0)
+    paths = [train_index.path(position) for position in range(len(train_index))]
+    dataset = OwnPhotos(paths, train_index.labels, config.DEFAULTS.image_size)
+    tuned = public.create_loader(dataset, batch_size, device=device.type, print_plan=None)
+    seed_settings = {"pin_memory": True, "prefetch_factor": 2, "persistent_workers": True}
+    by_hand = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **seed_settings
+    )
+    return {
+        OWN_CREATE_LOADER: Pipeline(OWN_CREATE_LOADER, tuned, OwnBatchToDevice(device), tuned.plan.workers),
+        OWN_DATALOADER: Pipeline(OWN_DATALOADER, by_hand, OwnBatchToDevice(device), workers),
+    }
+
+
+def torchlab_settings(batch_size, backend="auto", workers="auto"):
     """train.py's defaults, resolved by the loader plan as train.py resolves them (--workers auto with no saved
-    autotune setting, /dev/shm left out: the bench gives it 2 GB), but for batch_size and --loader `backend`:
-    (LoaderSettings, image size, JPEG draft)."""
-    asked = dataclasses.replace(config.asked_loader(config.DEFAULTS), loader=backend)
+    autotune setting, /dev/shm left out: the bench gives it 2 GB), but for batch_size, --loader `backend` and
+    --workers `workers`: (LoaderSettings, image size, JPEG draft)."""
+    asked = dataclasses.replace(config.asked_loader(config.DEFAULTS), loader=backend, workers=workers)
     used = plan.plan_loader(asked, None, loader.usable_cpu_count(), None, 0)
     return used.settings(batch_size, config.DEFAULTS.seed), config.DEFAULTS.image_size, used.jpeg_draft
 
 
-def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu", backend="auto"):
-    """train.py's training loader with --decode `decoder` and --loader `backend`, built by the same calls as
-    train.py makes."""
-    settings, image_size, jpeg_draft = torchlab_settings(batch_size, backend)
+def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu", backend="auto", workers="auto"):
+    """train.py's training loader with --decode `decoder`, --loader `backend` and --workers `workers`, built by
+    the same calls as train.py makes."""
+    settings, image_size, jpeg_draft = torchlab_settings(batch_size, backend, workers)
     _, train_index, _ = splits.load_splits(data_root, config.DEFAULTS.val_fraction, settings.seed)
     dataset = device_decode.make_dataset(decoder, train_index, image_size, True, settings.seed, jpeg_draft)
     data_loader = loader.build_loader(dataset, settings, device, train=True)
@@ -258,6 +302,15 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
         device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
         stages["device step"] = device_step / len(batch)
         result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
+    for name in (OWN_CREATE_LOADER, OWN_DATALOADER):
+        dataset = pipelines[name].loader.dataset
+        dataset = getattr(dataset, "dataset", dataset)  # create_loader's view of it
+        getitem_seconds, samples = seconds_per_item(dataset.__getitem__, range(min(STAGE_SAMPLES, len(dataset))))
+        batch = torch.from_numpy(np.stack([image for image, _ in samples[:batch_size]]))
+        labels = torch.tensor([label for _, label in samples[:batch_size]])
+        device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
+        stages = {"your __getitem__": getitem_seconds, "device step": device_step / len(batch)}
+        result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
     for timing in result.values():
         workers = timing["workers"]
         in_workers = max(1, workers)
@@ -353,20 +406,31 @@ def process_tree_memory():
     return rss, pss
 
 
-def loader_memory(pipeline):
-    """Resident memory (RSS and PSS, MB) of this process and its workers with `pipeline`'s loader running: its
-    threads or worker processes started and its batches in flight, after a few batches."""
+def loader_memory(data_root, batch_size, backend):
+    """Resident memory (RSS and PSS, MB) of a fresh training process running train.py's loader with --loader
+    `backend`, its worker processes counted in, after a few batches. A process of its own, so that no other
+    pipeline's workers or buffers are counted."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=measure_loader_memory, args=(data_root, batch_size, backend, sender))
+    process.start()
+    sender.close()
+    try:
+        return receiver.recv()
+    except EOFError:
+        raise RuntimeError(f"the {backend} loader's memory measurement exited with {process.exitcode}") from None
+    finally:
+        process.join()
+
+
+def measure_loader_memory(data_root, batch_size, backend, sender):
+    torch.set_num_threads(1)  # as in the bench's own process
+    pipeline = torchlab_pipeline(backend, data_root, batch_size, torch.device("cpu"), backend=backend)
     batches = iter(pipeline.loader)
     for _ in zip(range(3), batches, strict=False):
         pass
     rss, pss = process_tree_memory()
-    del batches
-    return {
-        "loader": pipeline.backend,
-        "workers": pipeline.workers,
-        "rss_mb": rss / loader.MB,
-        "pss_mb": pss / loader.MB,
-    }
+    sender.send({"loader": backend, "workers": pipeline.workers, "rss_mb": rss / loader.MB, "pss_mb": pss / loader.MB})
 
 
 def warm_page_cache(paths):
@@ -441,8 +505,8 @@ def report_lines(report):
         stages = ", ".join(f"{stage} {ms:.2f}" for stage, ms in timing["ms_per_image"].items())
         lines.append(f"  {name:<{NAME_WIDTH}} {stages}  -> {timing['limit']}")
     lines += [
-        f"resident memory with the loader running, {name} ({memory['workers']} {memory['loader']}): RSS "
-        f"{memory['rss_mb']:.0f} MB, PSS {memory['pss_mb']:.0f} MB (this process and its workers)"
+        f"resident memory of a training process with the loader running, {name} ({memory['workers']} "
+        f"{memory['loader']}): RSS {memory['rss_mb']:.0f} MB, PSS {memory['pss_mb']:.0f} MB (with its workers)"
         for name, memory in report.get("loader_memory", {}).items()
     ]
     memory = report["worker_memory"]
@@ -499,6 +563,7 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
         ),  # fmt: skip
         THREADS: torchlab_pipeline(THREADS, data_root, batch_size, device, backend="threads"),
         THREADS_PREPARED: torchlab_pipeline(THREADS_PREPARED, prepared_root, batch_size, device, backend="threads"),
+        **own_dataset_pipelines(data_root, batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)),
     }
     if device.type == "cuda" if gpu_decode is None else gpu_decode:  # --decode gpu: the workers read, the GPU decodes
         pipelines[GPU_DECODE] = torchlab_pipeline(GPU_DECODE, data_root, batch_size, device, decoder="gpu")
@@ -613,7 +678,9 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "consumer": {"seconds_per_batch": consumer_seconds, "images_per_sec": batch_size / consumer_seconds},
         "stages": stages,
         "worker_memory": memory_measurements(prepared_root),
-        "loader_memory": {name: loader_memory(pipelines[name]) for name in ("torchlab", THREADS)},
+        "loader_memory": {
+            name: loader_memory(data_root, batch_size, pipelines[name].backend) for name in ("torchlab", THREADS)
+        },
     }
     json_path, png_path = io.write_json_report(out_dir, "bench.json", report), os.path.join(out_dir, "bench.png")
     plot(report, png_path)

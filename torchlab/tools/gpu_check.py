@@ -1,10 +1,14 @@
-"""What --decode gpu gives on this GPU: `torchlab gpu-check` (or `make gpu-check`), about 2 minutes (H200).
+"""What the loaders and --decode gpu give on this GPU: `torchlab gpu-check` (or `make gpu-check`), about 10 minutes.
 
 On ImageNet-sized JPEGs generated here (tools/bench_data.py) and their prepared copy it reports:
   decode     images/s of train.py's loader with --decode cpu and --decode gpu, batches normalised on the
              GPU but no model (raw files and the prepared copy)
-  training   ResNet-50 with AMP and channels_last, as train.py trains it (train.py itself, --max-steps):
-             images/s and the data-wait fraction, with each decoder
+  scaling    the same on the raw files against the decode threads or worker processes (1, 2, 4, 8 and all
+             usable CPUs), for --loader threads and processes, with each decoder
+  model-only the ceiling: train.py's training step (ResNet-50, AMP, channels_last) fed one constant batch
+             already on the GPU, with --compile off and on
+  training   train.py itself (--max-steps) with each --loader and decoder, and the default with --compile:
+             images/s and the data-wait fraction, and images/s as a share of the model-only ceiling
   agreement  PSNR of the GPU path's crops against the CPU path's, same samples, same boxes and flips
   streams    whether decoding overwrites memory the training stream still reads (pytorch/vision#9606), with
              a bare decode_jpeg call (the race, for comparison) and with DeviceDecoder
@@ -18,17 +22,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 import torchvision
 from torchvision.io import decode_jpeg
 
-from torchlab import config, io
+from torchlab import config, distributed, io, model, train
 from torchlab.data import decode, device_decode, prepared, splits
 from torchlab.pipeline import loader
 from torchlab.tools import bench, bench_data, bench_resize
 
 DECODERS = ("cpu", "gpu")
+BACKENDS = ("threads", "processes")
+MODEL_ONLY_WARMUP_STEPS = 10  # --compile compiles in the first steps
 STREAM_CHECK_ROUNDS = 20
 FREED_BLOCKS, FREED_BLOCK_FLOATS = 32, 1 << 19  # 2 MB each: decoded images are carved out of such blocks
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/gpu-check"
@@ -48,29 +55,101 @@ def decode_rates(roots, batch_size, device, passes, print_line):
     return rates
 
 
+def parallel_counts(cpus):
+    """1, 2, 4, 8 and every usable CPU, those at most `cpus`."""
+    return sorted({count for count in (1, 2, 4, 8) if count <= cpus} | {cpus})
+
+
+def scaling_rates(data_root, batch_size, device, decoders, print_line):
+    """images/s of train.py's loader on the raw files for each --loader, decoder and thread or worker count (the
+    second of two passes): {"threads --decode cpu": {count: images/s}}."""
+    rates = {}
+    for backend in BACKENDS:
+        for decoder in decoders:
+            name = f"{backend} --decode {decoder}"
+            rates[name] = {}
+            for count in parallel_counts(loader.usable_cpu_count()):
+                pipeline = bench.torchlab_pipeline(name, data_root, batch_size, device, decoder, backend, count)
+                for epoch in range(2):
+                    pipeline.set_epoch(epoch)
+                    timing = loader.timed_pass(pipeline.loader, pipeline.to_device, device)
+                rates[name][count] = timing.images_per_sec
+                print_line(f"scaling: {name}, {count} {backend}: {timing.images_per_sec:.0f} images/s")
+    return rates
+
+
+def model_only_rates(args, compile_settings, print_line):
+    """images/s of train.py's training step (train.build_training and train.train_step, the flags resolved as
+    train.py resolves them) on one constant batch on the device: the ceiling no loader can lift."""
+    rates = {}
+    processes = distributed.processes_from_environment()
+    for compiled in compile_settings:
+        with tempfile.TemporaryDirectory() as run_dir:
+            flags = config.parse_args(["--data", run_dir, "--run-dir", run_dir, "--resume", "none", "--arch",
+                                       args.arch, "--batch-size", str(args.batch_size), "--device", args.device,
+                                       *(["--compile"] if compiled else [])])  # fmt: skip
+            cfg = config.resolve(flags, processes)
+        device = torch.device(cfg.device)
+        network = model.build_model(cfg.arch, 1000)
+        training = train.build_training(cfg, network, args.steps, device, processes)
+        host_images = torch.randint(0, 256, (cfg.batch_size, cfg.image_size, cfg.image_size, 3), dtype=torch.uint8)
+        images, labels = training.to_device(host_images, torch.randint(0, 1000, (cfg.batch_size,)))
+        for step in range(MODEL_ONLY_WARMUP_STEPS + args.steps):
+            if step == MODEL_ONLY_WARMUP_STEPS:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+            train.train_step(training, images, labels, [])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        name = f"--compile {'on' if compiled else 'off'}"
+        rates[name] = cfg.batch_size * args.steps / (time.perf_counter() - start)
+        print_line(f"model-only: {cfg.arch} {name}: {rates[name]:.0f} images/s")
+    return rates
+
+
+def training_runs(device_type):
+    """(--loader, --decode, --compile) of each train.py run: every loader with each decoder, and the default
+    with --compile. On the CPU (a dry run) --decode cpu alone (train.py refuses gpu) and no --compile."""
+    if device_type != "cuda":
+        return [(backend, "cpu", False) for backend in BACKENDS]
+    return [(backend, decoder, False) for backend in BACKENDS for decoder in DECODERS] + [("threads", "cpu", True)]
+
+
 def training_rates(data_root, args, print_line):
-    """train.py's images/s and data-wait fraction with each decoder (medians of the interval records after the
-    first), from its own metrics.jsonl."""
+    """train.py's images/s and data-wait fraction for each of training_runs (medians of the interval records
+    after the first), from its own metrics.jsonl."""
     results = {}
-    for decoder in DECODERS if args.device == "cuda" else ("cpu",):  # train.py refuses --decode gpu without CUDA
+    for backend, decoder, compiled in training_runs(args.device):
+        name = f"{backend} --decode {decoder}{' --compile' if compiled else ''}"
         with tempfile.TemporaryDirectory() as run_dir:
             command = [sys.executable, "-m", "torchlab", "train", "--data", data_root, "--run-dir", run_dir,
                        "--arch", args.arch, "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
                        "--log-interval", str(max(1, args.steps // 5)), "--epochs", "1000", "--device",
-                       args.device, "--decode", decoder, "--resume", "none"]  # fmt: skip
+                       args.device, "--loader", backend, "--decode", decoder, "--resume", "none",
+                       *(["--compile"] if compiled else [])]  # fmt: skip
             finished = subprocess.run(command, capture_output=True, text=True, check=False)
             if finished.returncode != 0:
-                raise RuntimeError(f"train.py --decode {decoder} failed: {finished.stderr.strip()[-500:]}")
+                raise RuntimeError(f"train.py {name} failed: {finished.stderr.strip()[-500:]}")
             with open(os.path.join(run_dir, "metrics.jsonl")) as metrics_file:
                 records = [json.loads(line) for line in metrics_file]
         intervals = [record for record in records if record.get("kind") == "interval"][1:]
-        results[decoder] = {
+        results[name] = {
             "images_per_sec": statistics.median(record["images_per_sec"] for record in intervals),
             "data_wait_frac": statistics.median(record["data_wait_frac"] for record in intervals),
+            "compile": compiled,
         }
-        print_line(f"training: {args.arch} --decode {decoder}: {results[decoder]['images_per_sec']:.0f} images/s, "
-                   f"data wait {results[decoder]['data_wait_frac']:.1%}")  # fmt: skip
+        print_line(f"training: {args.arch} {name}: {results[name]['images_per_sec']:.0f} images/s, "
+                   f"data wait {results[name]['data_wait_frac']:.1%}")  # fmt: skip
     return results
+
+
+def share_of_ceiling(training, model_only):
+    """Each training run's images/s over the model-only ceiling with the same --compile setting."""
+    return {
+        name: result["images_per_sec"] / model_only[f"--compile {'on' if result['compile'] else 'off'}"]
+        for name, result in training.items()
+    }
 
 
 def crop_agreement(data_root, samples, image_size, device):
@@ -130,9 +209,16 @@ def report_lines(report):
     lines = [f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images; "
              f"{versions}; CPU path decodes with {report['cpu_decoder']}"]  # fmt: skip
     lines += [f"  {name:<28} {rate:>9.0f} images/s" for name, rate in report["decode"].items()]
-    for decoder, result in report["training"].items():
-        lines.append(f"  {report['arch']} AMP --decode {decoder:<5} {result['images_per_sec']:>9.0f} images/s, "
-                     f"data wait {result['data_wait_frac']:.1%}")  # fmt: skip
+    for name, rates in report["scaling"].items():
+        counts = ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items())
+        lines.append(f"  scaling, {name} (count: images/s): {counts}")
+    for name, rate in report["model_only"].items():
+        lines.append(f"  model-only ceiling, {report['arch']} AMP {name}: {rate:.0f} images/s")
+    for name, result in report["training"].items():
+        lines.append(
+            f"  {report['arch']} AMP {name:<34} {result['images_per_sec']:>7.0f} images/s, data wait "
+            f"{result['data_wait_frac']:.1%}, {report['share_of_ceiling'][name]:.0%} of the ceiling"
+        )
     if not report["streams"]["wrong"]:
         lines.append("  streams: not checked (no CUDA)")
     for name, wrong in report["streams"]["wrong"].items():
@@ -173,6 +259,8 @@ def main(argv=None, prog="torchlab gpu-check"):
     print(f"generating {args.images} images in {data_root} and a prepared copy (once) ...", flush=True)
     bench_data.write_bench_data(data_root, args.images)
     prepared.prepare(data_root, data_root + ".prepared")
+    decoders = DECODERS  # on the CPU, the "gpu" decoder is torchvision's CPU decoder: the script is tried
+    compile_settings = (False, True) if device.type == "cuda" else (False,)  # --compile needs a C++ compiler
     report = {
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU (dry run)",
         "usable_cpus": loader.usable_cpu_count(),
@@ -183,10 +271,13 @@ def main(argv=None, prog="torchlab gpu-check"):
         "decode": decode_rates(
             {"raw": data_root, "prepared": data_root + ".prepared"}, args.batch_size, device, 2, print_line
         ),  # fmt: skip
+        "scaling": scaling_rates(data_root, args.batch_size, device, decoders, print_line),
+        "model_only": model_only_rates(args, compile_settings, print_line),
         "training": training_rates(data_root, args, print_line),
         "agreement": crop_agreement(data_root, args.samples, config.DEFAULTS.image_size, device),
         "streams": stream_check(data_root, args.batch_size, device) if device.type == "cuda" else {"wrong": {}},
     }
+    report["share_of_ceiling"] = share_of_ceiling(report["training"], report["model_only"])
     json_path = io.write_json_report(args.out_dir, "gpu_check.json", report)
     for line in report_lines(report):
         print_line(line)
