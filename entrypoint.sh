@@ -12,7 +12,7 @@
 #   5. hooks, then either the given command as the user, or sshd + Jupyter supervised
 #      (jupyterhub-singleuser in place of the standalone server when a JupyterHub spawned it)
 # Bad input exits 2; how the services stop, and the exit status then, is said in supervise.sh.
-# Every variable is in variables.tsv (its default, check, secret, sessions), README.md's table made
+# Every variable is in variables.tsv (its default, check, secret, sessions), docs/configuration.md's table made
 # from it. Files other parts read, all in /run/torchlab:
 #   services             exists while the services are meant to run (the healthcheck's cue);
 #                        under JupyterHub it holds the URL of Jupyter's /api (the hub's prefix)
