@@ -19,7 +19,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # LOCK_FILE (e.g. locks/py310-cu118-0.2.0.conda.yml, from `make export-env`) rebuilds a release
 # exactly; empty means the pins of environment.yml, with the newest matching dependencies.
 ARG LOCK_FILE=
-COPY environment.yml config/envspec.py /tmp/torchlab/
+COPY environment.yml buildtools/envspec.py /tmp/torchlab/
 COPY locks/ /tmp/torchlab/locks/
 # A named env, not the base env; /opt/env points at it so both paths share one prefix.
 RUN --mount=type=secret,id=ca_bundle \
@@ -40,7 +40,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118
 # As in env-conda: a lock file from `make export-env` (locks/*.pypi.txt) pins every dependency.
 ARG LOCK_FILE=
-COPY environment.yml config/envspec.py /tmp/torchlab/
+COPY environment.yml buildtools/envspec.py /tmp/torchlab/
 COPY locks/ /tmp/torchlab/locks/
 # The venv sees site-packages outside it, as a conda env does: that is what lets
 # `pip install --user` (into /workspace/.local) work at all.
@@ -103,7 +103,7 @@ ARG ENV_SOURCE
 # No user-writable place here: this ENV is also root's (the healthcheck, docker exec). What users
 # install themselves lands on the /workspace volume through the user's environment, which the
 # entrypoint builds at the privilege drop (PYTHONUSERBASE, PATH, CONDA_ENVS_PATH, JUPYTER_PATH,
-# TORCHLAB_RUNS: start/20-user.sh).
+# TORCHLAB_RUNS: image/start/user.sh).
 ENV PATH=/opt/env/bin:$PATH \
     TORCHLAB_ENV_SOURCE=${ENV_SOURCE} \
     NB_USER=jovyan \
@@ -145,11 +145,11 @@ RUN useradd --create-home --shell /bin/bash --uid 1000 --gid 100 --password '*' 
         >/etc/sudoers.d/secure-path \
  && chmod 0440 /etc/sudoers.d/secure-path
 
-COPY config/sshd_config /etc/ssh/sshd_config
-COPY config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
-COPY config/profile.sh /etc/profile.d/torchlab.sh
-COPY config/healthcheck.sh /usr/local/bin/torchlab-healthcheck
-COPY environment.yml config/envspec.py /opt/torchlab/
+COPY image/services/sshd_config /etc/ssh/sshd_config
+COPY image/services/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
+COPY image/services/profile.sh /etc/profile.d/torchlab.sh
+COPY image/services/healthcheck.sh /usr/local/bin/torchlab-healthcheck
+COPY environment.yml buildtools/envspec.py /opt/torchlab/
 
 # Code last: a code-only change rebuilds from here in seconds. The package goes into the env (the
 # `torchlab` command lands in /opt/env/bin); train.py, in the login directory, is its two-line shim.
@@ -160,7 +160,7 @@ COPY train.py /opt/torchlab/train.py
 COPY README.md LICENSE /opt/torchlab/
 COPY docs/ /opt/torchlab/docs/
 COPY notebooks/ /opt/torchlab/notebooks/
-COPY start/ /usr/local/lib/torchlab/start/
+COPY image/start/ /usr/local/lib/torchlab/start/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 
 EXPOSE 8888 2222
@@ -184,6 +184,6 @@ LABEL org.opencontainers.image.title="torchlab" \
 # The entrypoint starts as root to set up the user, keys and sshd, then drops to NB_USER
 # for Jupyter and for any command given; only sshd's listener keeps root (privilege separated).
 # Started as a user (--user), it runs everything, sshd included, as that user. It hands PID 1 to
-# `tini -g` itself, with the secrets out of PID 1's environment (start/boundary.sh).
+# `tini -g` itself, with the secrets out of PID 1's environment (image/start/boundary.sh).
 ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
 CMD []

@@ -1,4 +1,4 @@
-# torchlab: `make help` lists the targets. Variables (override on the command line). "auto": tools/detect-build
+# torchlab: `make help` lists the targets. Variables (override on the command line). "auto": buildtools/detect-build
 # decides, once per make run, and logs each choice in one line ("torchlab build: ..."); any other value wins.
 IMAGE ?= torchlab## image name
 CONTAINER ?= $(subst :,-,$(notdir $(IMAGE)))-$(shell id -un)## name of the `make run` container
@@ -28,7 +28,7 @@ SAMPLE_DATA := .cache/sample-data
 JUPYTER_UI_PATH = $(if $(filter lab,$(JUPYTER_UI)),lab,tree)
 
 # The automatic values, each resolved the first time a recipe needs it, then kept for the rest of the run.
-detect = $(shell $(2) tools/detect-build $(1))$(if $(filter 0,$(.SHELLSTATUS)),,$(error tools/detect-build $(1) stopped))
+detect = $(shell $(2) buildtools/detect-build $(1))$(if $(filter 0,$(.SHELLSTATUS)),,$(error buildtools/detect-build $(1) stopped))
 DOCKER_CLI = $(eval DOCKER_CLI := $(call detect,docker,DOCKER='$(DOCKER)'))$(DOCKER_CLI)
 CA_BUNDLE_FILE = $(eval CA_BUNDLE_FILE := $(call detect,ca-bundle,CA_BUNDLE='$(CA_BUNDLE)'))$(CA_BUNDLE_FILE)
 BUILD_ENV = $(eval BUILD_ENV := $(call detect,env,DOCKER='$(DOCKER_CLI)' CA_BUNDLE='$(CA_BUNDLE_FILE)' \
@@ -151,15 +151,16 @@ push: ## push the image as REGISTRY/IMAGE:<what is inside>-<version> and :latest
 shell: ## a shell in a throwaway container, as the user
 	$(DOCKER_CLI) run --rm -it $(IMAGE) bash -l
 
+# The start's parts (image/start/) are checked as entrypoint.sh sources them, where what they share is declared.
 lint: $(VENV)/.done ## hadolint, shellcheck, ruff
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck -x entrypoint.sh start/*.sh config/*.sh .ci/run tools/detect-build benchmarks/*.sh
+	$(VENV)/bin/shellcheck -x --check-sourced entrypoint.sh image/services/*.sh .ci/run buildtools/detect-build benchmarks/*.sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 test: lint test-static build test-unit test-image ## lint, static checks, build, then every test against the image
 
-test-static: $(VENV)/.done ## checks that need no build: env pins, Dockerfile, k8s manifests, tools/detect-build
+test-static: $(VENV)/.done ## checks that need no build: env pins, Dockerfile, k8s manifests, buildtools/detect-build
 	$(VENV)/bin/pytest tests/static
 
 test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside the image (on the sources in this folder)

@@ -1,4 +1,4 @@
-"""The trust boundary (start/boundary.sh): whoever gets in as the user never becomes root. Each attack is
+"""The trust boundary (image/start/boundary.sh): whoever gets in as the user never becomes root. Each attack is
 made as the user would make it, over SSH with the user's key, in every start mode it applies to (a root
 start, and the --user starts 1000:100, 1010:0 and 1010:100); then root's own ways through the container
 run (a restart, the healthcheck, `docker exec`), and nothing the user planted may run as root.

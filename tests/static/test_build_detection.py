@@ -1,4 +1,4 @@
-"""tools/detect-build, which decides what `make` builds with, run against fake Docker clients on a
+"""buildtools/detect-build, which decides what `make` builds with, run against fake Docker clients on a
 fake PATH and probes pointed at closed or answering ports on 127.0.0.1; and `make -n run`."""
 
 import http.server
@@ -14,7 +14,7 @@ from helpers.ports import reserved_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = (ROOT / "VERSION").read_text().strip()
-DETECT = ROOT / "tools/detect-build"
+DETECT = ROOT / "buildtools/detect-build"
 MINICONDA = "continuumio/miniconda3:24.7.1-0"
 DEBIAN_BASE = "torchlab/debian:bookworm"
 CONDA_LOCK = f"py310-cu118-{VERSION}.conda.yml"  # what the conda path holds; no such lock is committed yet

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from config import envspec  # the repository root is on pytest's pythonpath (pyproject.toml)
+from buildtools import envspec  # the repository root is on pytest's pythonpath (pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENT = ROOT / "environment.yml"
@@ -53,7 +53,7 @@ def test_channels_avoid_anaconda_defaults():
 def test_pypi_requirements_are_the_same_pins():
     def requirements(group):
         out = subprocess.run(
-            [sys.executable, str(ROOT / "config/envspec.py"), "requirements", group, str(ENVIRONMENT)],
+            [sys.executable, str(ROOT / "buildtools/envspec.py"), "requirements", group, str(ENVIRONMENT)],
             capture_output=True,
             text=True,
             check=True,
@@ -147,14 +147,14 @@ def test_the_documented_variable_table_is_made_from_the_start_variables_table():
 
 # Upper-case names the start-up reads that the image or the start itself sets, not the operator.
 START_INTERNALS = {"PATH", "PWD", "LD_PRELOAD", "PYTHONUSERBASE", "CONDA_ENVS_PATH", "JUPYTER_PATH", "ROOT_PATH"}
-START_INTERNALS |= {"USER_BASE", "SECRET_VARIABLES", "OWN_VARIABLES", "SHM_WARN_MB", "HOME_DIR", "JUPYTER_RESTARTS"}
-START_INTERNALS |= {"NB_UID_GIVEN", "NB_GID_GIVEN", "BASH_REMATCH", "SECONDS", "TORCHLAB_SECRETS_FD"}
+START_INTERNALS |= {"USER_BASE", "SECRET_VARIABLES", "OWN_VARIABLES", "JUPYTER_RESTARTS", "BASH_REMATCH", "SECONDS"}
+START_INTERNALS |= {"TORCHLAB_SECRETS_FD"}
 
 
 def test_every_variable_the_start_reads_is_in_the_table():
-    lines = (ROOT / "start" / "variables.tsv").read_text().splitlines()
+    lines = (ROOT / "image" / "start" / "variables.tsv").read_text().splitlines()
     table = {line.split("\t")[0] for line in lines if line and not line.startswith("#")}
-    start = "\n".join(path.read_text() for path in [ROOT / "entrypoint.sh", *(ROOT / "start").glob("*.sh")])
+    start = "\n".join(path.read_text() for path in [ROOT / "entrypoint.sh", *(ROOT / "image" / "start").glob("*.sh")])
     read = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", start)) - START_INTERNALS
     assert read <= table, sorted(read - table)
 

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # The start-up's variables come from one table, variables.tsv beside this file: each one's default, its
-# check, whether it is a secret and whether SSH sessions get it. README.md's table is made from the same
+# check, whether it is a secret and whether SSH sessions get it. docs/configuration.md's table is made from the same
 # file. Adding a variable touches the table and the code that uses it.
 variable_table=${start_dir:?}/variables.tsv
 

@@ -10,10 +10,15 @@
 #     operator's (the *_FILE secrets, hooks); a path it chowns or reads by name must not be, or pass
 #     through, a symbolic link (no_link_in_path); recursive chowns never follow links (find -P, chown -h).
 #   - Profiles (/etc/profile.d/torchlab.sh) apply the session environment to non-root shells only.
-# The user's side is built at the one privilege drop (as_user in 20-user.sh): the operator's
+# The user's side is built at the one privilege drop (make_as_user in user.sh): the operator's
 # environment, the user's folders on PATH and PYTHONUSERBASE (user_env), less the secrets.
 # Secrets (the token, the password, the keys, JUPYTER_ENV_VARS_TO_UNSET's names) never reach PID 1's
 # environment or the entrypoint's (both readable by the user in a start without root): see hand_off.
+
+# True in a start as root, the root phase; false in a start as a user (--user, runAsNonRoot).
+root_start() {
+    ((EUID == 0))
+}
 
 ROOT_PATH=/opt/env/bin:/opt/conda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 USER_BASE=/workspace/.local
@@ -27,7 +32,7 @@ protected_variable() {  # NAME: true for a name JUPYTER_ENV_VARS_TO_UNSET may no
     [[ $1 == PATH || $1 == LD_* || $1 == PYTHON* || $1 == NSS_WRAPPER_* || $OWN_VARIABLES == *[[:space:]]"$1"[[:space:]]* ]]
 }
 
-# The names JUPYTER_ENV_VARS_TO_UNSET gives that are well formed and not protected (10-validate.sh
+# The names JUPYTER_ENV_VARS_TO_UNSET gives that are well formed and not protected (check_variables
 # refuses the others with one line).
 names_to_unset() {
     local names name
@@ -60,12 +65,11 @@ hand_off() {
 }
 
 # The root phase's environment: a fixed PATH of system folders and no variable that makes Python, bash
-# or the loader read a user's file. The operator's values of what is dropped go to user_env, restored at
-# the drop for the user's processes alone.
-user_env=()
+# or the loader read a user's file. Sets user_env to the operator's values of what is dropped, restored
+# at the drop for the user's processes alone.
 secure_environment() {
     local name path=${PATH:-$ROOT_PATH}
-    # The user's own commands come right after the env's, as before the system's.
+    # The user's own commands come right after the env's, ahead of the system's.
     case $path in
         /opt/env/bin:*) path=/opt/env/bin:$USER_BASE/bin:${path#/opt/env/bin:} ;;
         *) path=$USER_BASE/bin:$path ;;
@@ -77,6 +81,19 @@ secure_environment() {
         esac
     done
     export PATH=$ROOT_PATH PYTHONNOUSERSITE=1
+}
+
+# /run/torchlab, where the start writes what other processes read (the entrypoint's header lists it), is
+# root's on a root start (the healthcheck and root's shells read it); a start as a user needs it
+# writable (the image's is; with --read-only, a tmpfs).
+make_run_dir() {
+    if root_start; then
+        install -d -m 0755 -o root -g root /run/torchlab /run/torchlab/authorized_keys /run/torchlab/sshd_config.d \
+            /run/sshd  # sshd's privilege separation directory
+    else
+        { mkdir -p /run/torchlab/authorized_keys /run/torchlab/sshd_config.d 2>/dev/null && [ -w /run/torchlab ]; } ||
+            die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
+    fi
 }
 
 # no_link_in_path WHAT PATH: fails (one ERROR line, exit 2) when PATH is, or passes through, a symbolic
@@ -93,8 +110,8 @@ no_link_in_path() {
 
 # Docker runs `docker exec`, the healthcheck included, in the container's configured environment, as the
 # user in a start without root: a secret given with -e stays readable there, whatever the start does.
-# shellcheck disable=SC2154  # as_root: set by 10-validate.sh
+# Reads secrets_in_environment (hand_off's names of those given in the environment).
 warn_of_secrets_in_the_environment() {
-    [ "$as_root" = no ] && [ -n "${secrets_in_environment:-}" ] || return 0
+    ! root_start && [ -n "${secrets_in_environment:-}" ] || return 0
     warn "$secrets_in_environment came in the container's environment: in a start without root, docker exec and the healthcheck run as UID $(id -u) with it, so the user can read them there; give them as files (JUPYTER_PASSWORD_FILE, a mounted secret) or start as root"
 }

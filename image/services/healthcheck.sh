@@ -1,6 +1,6 @@
 #!/bin/bash
 # Docker HEALTHCHECK: healthy while both services answer. It runs as root in a root start, so it
-# trusts nothing the user can write (start/boundary.sh): system folders on PATH, Python with -I (no
+# trusts nothing the user can write (image/start/boundary.sh): system folders on PATH, Python with -I (no
 # user site, no PYTHON* variables), and /run/torchlab/services, which is root's then. A container
 # started with a command of its own (no services) has nothing to check.
 # In a start without root it runs as the user, in the container's configured environment, which holds

@@ -1,5 +1,4 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154  # as_root, hub, jupyter_args, base_url, ui_path, as_user, jupyter_auth, token_generated: set by the numbered parts
 # The services, sshd and Jupyter, started and supervised here alone. supervise_services never
 # returns; it guarantees:
 #   - Jupyter that exits by itself (File > Shut Down, a crash) is started again, one INFO line, so SSH
@@ -16,24 +15,64 @@
 # The doctor runs alongside, unsupervised: its report goes to the start log, whatever it finds.
 JUPYTER_RESTARTS=5
 
+# The services' sessions need /dev/shm only for DataLoader worker processes: an INFO line where it is
+# small. Not a WARNING: Docker's default 64 MB is what a plain `docker run` gets, and docker-stacks'
+# contract is that a plain start logs none; the doctor's report flags it too.
+log_small_shm() {
+    local shm_mb
+    shm_mb=$(($(df -Pk /dev/shm | awk 'NR == 2 {print $2}') / 1024))
+    ((shm_mb < 1024)) || return 0
+    log "/dev/shm is only ${shm_mb} MB: train.py's decode threads need none, but DataLoader worker processes (--loader processes, your own num_workers) die of it with a bus error; for those, run with --shm-size=8g (or --ipc=host)."
+}
+
+# What the printed URL and a hub's / open: /lab or /tree, as JUPYTER_UI says.
+ui_path() {
+    if [ "$JUPYTER_UI" = lab ]; then echo /lab; else echo /tree; fi
+}
+
+# The server's base_url, wherever it came from (jupyter_args, the hub's prefix), as /PATH/: the
+# healthcheck and the printed URLs follow it.
+server_base_url() {
+    local i url=/
+    for i in "${!jupyter_args[@]}"; do
+        case "${jupyter_args[i]}" in
+            --ServerApp.base_url=* | --NotebookApp.base_url=*) url=${jupyter_args[i]#*=} ;;
+            --ServerApp.base_url | --NotebookApp.base_url) url=${jupyter_args[i + 1]:-/} ;;
+        esac
+    done
+    ! spawned_by_hub || url=${JUPYTERHUB_SERVICE_PREFIX:-/}
+    url=/${url#/}
+    echo "${url%/}/"
+}
+
+# From here the healthcheck expects the services (until they answer, unhealthy): /run/torchlab/services
+# holds the URL it asks, Jupyter's /api under the base_url (at the hub's port under a hub), and sshd's port.
+expect_services() {
+    local scheme=http port=$JUPYTER_PORT
+    ! spawned_by_hub || read -r scheme port < <(hub_scheme_and_port)
+    printf '%s\n' "$scheme://127.0.0.1:$port$(server_base_url)api" "$SSH_PORT" >/run/torchlab/services
+}
+
 # A root start's sshd runs in the root phase's environment, which holds no secret; a user's sshd serves
 # that one account (OpenSSH's non-privileged mode) in the user's environment (nss_wrapper's entry
-# included); its key files live in /run/torchlab, which is the user's: StrictModes off.
+# included); its key files live in /run/torchlab, which is the user's: StrictModes off. Reads as_user;
+# sets sshd_pid.
 start_sshd() {
     local command=(/usr/sbin/sshd -D -e -o "Port=$SSH_PORT" -o PidFile=none)
-    [ "$as_root" = yes ] || command=("${as_user[@]}" "${command[@]}" -o StrictModes=no)
+    root_start || command=("${as_user[@]}" "${command[@]}" -o StrictModes=no)
     "${command[@]}" &
     sshd_pid=$!
 }
 
 # Notebook 7 and JupyterLab are one server either way (/tree and /lab); JUPYTER_UI picks what / opens.
 # Under a hub, the hub's URL (ip, port, prefix) and auth win over jupyter_server_config.py; the
-# hub admin's c.Spawner.default_url wins over JUPYTER_UI.
+# hub admin's c.Spawner.default_url wins over JUPYTER_UI. Reads as_user, jupyter_auth and jupyter_args;
+# sets jupyter_pid.
 start_jupyter() {
     local command
-    if [ "$hub" = yes ]; then
+    if spawned_by_hub; then
         command=(jupyterhub-singleuser)
-        [ -n "${JUPYTERHUB_DEFAULT_URL:-}" ] || command+=(--ServerApp.default_url="$ui_path")
+        [ -n "${JUPYTERHUB_DEFAULT_URL:-}" ] || command+=(--ServerApp.default_url="$(ui_path)")
     else
         command=(jupyter "$JUPYTER_UI" --ServerApp.port="$JUPYTER_PORT")
     fi
@@ -44,21 +83,24 @@ start_jupyter() {
 }
 
 # The doctor's report in the start log; in the background, as importing torch and counting a
-# large /data take a while.
+# large /data take a while. Reads as_user.
 start_doctor() {
     [ "$DOCTOR_AT_START" = yes ] || return 0
     "${as_user[@]}" torchlab doctor 2>&1 | while IFS= read -r line; do log "doctor: $line"; done &
 }
 
+# The start log's last lines: how to log in. Reads token_generated (a random token is shown).
 log_how_to_connect() {
+    local base_url ui
+    base_url=$(server_base_url) ui=$(ui_path)
     log "SSH:     ssh -p $SSH_PORT $NB_USER@<host>"
-    if [ "$hub" = yes ]; then
+    if spawned_by_hub; then
         log "JupyterHub: JUPYTERHUB_API_TOKEN is set, so jupyterhub-singleuser serves $JUPYTERHUB_SERVICE_URL in place of the standalone server, with the hub's login"
     elif [ "$token_generated" = yes ]; then
-        log_always "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui_path?token=$JUPYTER_TOKEN"
+        log_always "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui?token=$JUPYTER_TOKEN"
         log_always "TensorBoard: http://127.0.0.1:$JUPYTER_PORT${base_url}tensorboard/?token=$JUPYTER_TOKEN"
     else
-        log "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui_path (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
+        log "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
     fi
 }
 
@@ -75,6 +117,7 @@ users_processes() {  # top | all
         }'
 }
 
+# SIGTERM to the user's top-level processes, then wait until none of theirs is left.
 stop_users_processes() {
     local top_level
     top_level=$(users_processes top)
@@ -96,6 +139,7 @@ restart_jupyter() {
     ((${#jupyter_restarts[@]} <= JUPYTER_RESTARTS))
 }
 
+# sshd, Jupyter and the doctor, supervised as the top of this file says; never returns.
 supervise_services() {
     local status ended name
     cd /workspace || exit
