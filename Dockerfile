@@ -62,12 +62,14 @@ RUN --mount=type=secret,id=ca_bundle \
  && /opt/env/bin/pip install "${lock[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
         -r <(python3 "${spec[@]}" requirements torch "$env_file") \
  && cuda="$(case "$TORCH_INDEX_URL" in */cu118*) echo 11.8;; esac)" \
- && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file"
-# The image's packages beside the venv's site-packages, and what the user installs (pip install --user, or
-# pip install as the user) before them on sys.path: image/python/_torchlab_user_first.py says why.
+ && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file" \
+ && purelib=$(/opt/env/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+ && mv "$purelib" "$(dirname "$purelib")/image-packages"
+# The image's packages (moved above, in the same layer: a later move would copy them) beside the venv's
+# site-packages, and what the user installs (pip install --user, or pip install as the user) before them on
+# sys.path: image/python/_torchlab_user_first.py says why.
 COPY image/python/_torchlab_user_first.py /tmp/torchlab/
 RUN purelib=$(/opt/env/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
- && mv "$purelib" "$(dirname "$purelib")/image-packages" \
  && install -D -m 644 /tmp/torchlab/_torchlab_user_first.py "$purelib/_torchlab_user_first.py" \
  && echo "import _torchlab_user_first; _torchlab_user_first.add_site_dirs()" >"$purelib/_torchlab_user_first.pth" \
  && /opt/env/bin/python -c 'import torch, numpy, six'
