@@ -18,6 +18,7 @@ COMMANDS = {
     "bench-resize": ("torchlab.tools.bench_resize", [], "time resizing crops to 224 px, and PSNR against Pillow"),
     "gpu-check": ("torchlab.tools.gpu_check", [], "what --decode gpu gives on this GPU: decode, training, PSNR"),
     "prepare": ("torchlab.data.prepared", [], "write a prepared copy of an ImageFolder, which loads faster"),
+    "env": ("torchlab.tools.env", [], "export this environment as a lock file, or diff it against a run's record"),
     "sample-data": ("torchlab.tools.sample_data", [], "write a small four-class ImageFolder to try training on"),
     "autotune": (
         "torchlab.train",
