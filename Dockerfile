@@ -173,6 +173,10 @@ ARG VERSION=dev
 ARG LOCK_FILE=
 ARG REVISION=unknown
 ARG SOURCE=unknown
+# The same facts for processes inside, which cannot read the labels: every run's environment record holds them.
+RUN /opt/env/bin/python -I -c \
+    'import json, os; keys = ("VERSION", "REVISION", "SOURCE", "ENV_SOURCE", "LOCK_FILE"); \
+    json.dump({key.lower(): os.environ.get(key, "") for key in keys}, open("/opt/torchlab/image.json", "w"))'
 LABEL org.opencontainers.image.title="torchlab" \
       org.opencontainers.image.description="PyTorch workstation: Jupyter Notebook on 8888 and OpenSSH on 2222, as a non-root user" \
       org.opencontainers.image.version="${VERSION}" \
