@@ -146,18 +146,21 @@ def code_paths(flags):
     return [path for path in (sys.argv[0], config_file) if path and os.path.isfile(path)]
 
 
-def git_state(path, patch_path):
-    """The git work tree holding `path`, or None: its commit, branch and untracked files; the uncommitted diff
-    goes to patch_path, cut at PATCH_LIMIT_BYTES (and then said so)."""
-    folder = os.path.dirname(os.path.abspath(path))
+def work_tree(path):
+    """The top folder of the git work tree that holds the file `path`, or None."""
     if shutil.which("git") is None:
         return None
     try:
-        top = run_command("git", "rev-parse", "--show-toplevel", cwd=folder).strip()
+        return run_command("git", "rev-parse", "--show-toplevel", cwd=os.path.dirname(os.path.abspath(path))).strip()
     except RuntimeError as error:
         if "not a git repository" in str(error):
             return None
         raise
+
+
+def git_state(top, path, patch_path):
+    """The work tree `top`'s commit, branch and untracked files; its uncommitted diff goes to patch_path, cut at
+    PATCH_LIMIT_BYTES (and then said so)."""
     untracked = run_command("git", "ls-files", "--others", "--exclude-standard", cwd=top).splitlines()
     state = {
         "path": os.path.abspath(path),
@@ -181,15 +184,15 @@ def git_state(path, patch_path):
 
 
 def code(flags, patch_path):
-    """git_state of each work tree that holds the script or --config (once each); the patches numbered from
-    patch_path on (environment.patch, environment.1.patch, ...)."""
-    states, seen = [], set()
+    """git_state of each work tree that holds the script or --config, once each; the second one's patch is
+    environment.1.patch beside patch_path (environment.patch), and so on."""
+    states, tops = [], []
     for path in code_paths(flags):
-        stem, ext = os.path.splitext(patch_path)
-        state = git_state(path, patch_path if not states else f"{stem}.{len(states)}{ext}")
-        if state is not None and state["repository"] not in seen:
-            seen.add(state["repository"])
-            states.append(state)
+        top = work_tree(path)
+        if top is not None and top not in tops:
+            stem, ext = os.path.splitext(patch_path)
+            states.append(git_state(top, path, f"{stem}.{len(tops)}{ext}" if tops else patch_path))
+            tops.append(top)
     return states
 
 

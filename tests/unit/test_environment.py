@@ -18,6 +18,7 @@ import pytest
 from conftest import QUICK_RUN, ROOT, TRAIN_ENV, read_metrics, run_train, torchlab_command
 from torchlab import environment
 from torchlab.pipeline import loader
+from torchlab.tools import env as env_tool
 
 ASKED_IN_FLIGHT_BYTES = 2 * 4 * loader.batch_bytes(64, 224)  # 2 workers x 4 batches of 64 x 224 px: 77 MB
 
@@ -229,3 +230,33 @@ def test_env_export_to_stdout_says_what_it_wrote_on_stderr_and_bad_output_is_exi
     missing = run_env("export", "-o", tmp_path / "no" / "such" / "lock.txt")
     assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1 and "no folder" in missing.stderr
     assert not (tmp_path / "no").exists()
+
+
+CONDA_EXPORT = """name: torchlab
+channels:
+  - pytorch
+  - conda-forge
+dependencies:
+  - python=3.10.14
+  - numpy=1.26.4
+  - pip=24.0
+  - pip:
+      - tensorboard==2.17.0
+      - torchlab==0.2.0
+"""
+
+
+def test_the_conda_export_gets_the_user_overlay_in_its_pip_section_and_loses_torchlab(tmp_path):
+    """The conda path's file, from what `conda env export --no-builds` prints (no conda here to run it)."""
+    yaml = pytest.importorskip("yaml")
+    prefix, user_site = tmp_path / "env", tmp_path / "workspace/.local/lib/python3.10/site-packages"
+    dists = [
+        {"name": "numpy", "version": "2.1.0", "location": str(user_site)},
+        {"name": "tensorboard", "version": "2.17.0", "location": str(prefix / "lib/python3.10/site-packages")},
+        {"name": "torchlab", "version": "0.2.0", "location": str(prefix / "lib/python3.10/site-packages")},
+    ]
+    spec = yaml.safe_load(env_tool.conda_lock(CONDA_EXPORT, dists, str(prefix)))
+    assert "prefix" not in spec
+    assert spec["dependencies"] == [
+        "python=3.10.14", "numpy=1.26.4", "pip=24.0", {"pip": ["tensorboard==2.17.0", "numpy==2.1.0"]},
+    ]  # fmt: skip

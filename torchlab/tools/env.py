@@ -37,19 +37,21 @@ def conda_lock(conda_text, dists, prefix):
     --user) in its pip section, replacing the env's pin of the same name."""
     import yaml  # only on the conda path
 
+    def name(requirement_text):
+        return environment.canonical_name(re.split(r"[=<>@ ]", requirement_text.strip(), maxsplit=1)[0])
+
     spec = yaml.safe_load(conda_text)
-    dependencies = [d for d in spec.get("dependencies", []) if not str(d).startswith(LEFT_OUT)]
-    overlay = [dist for dist in dists if not dist["location"].startswith(prefix) and dist["name"] not in LEFT_OUT]
-    if overlay:
-        pip = next((d for d in dependencies if isinstance(d, dict) and "pip" in d), None)
-        if pip is None:
-            pip = {"pip": []}
-            dependencies.append(pip)
-        names = {dist["name"] for dist in overlay}
-        pip["pip"] = [
-            line for line in pip["pip"] if environment.canonical_name(re.split("[=@ <>]", line)[0]) not in names
-        ]
-        pip["pip"] += [requirement(dist) for dist in overlay]
+    dependencies = [d for d in spec.get("dependencies") or [] if isinstance(d, dict) or name(d) not in LEFT_OUT]
+    pip = next((d for d in dependencies if isinstance(d, dict) and "pip" in d), None)
+    if pip is None:
+        pip = {"pip": []}
+        dependencies.append(pip)
+    prefix = os.path.realpath(prefix)
+    overlay = [d for d in dists if not os.path.realpath(d["location"]).startswith(prefix) and d["name"] not in LEFT_OUT]
+    replaced = {dist["name"] for dist in overlay} | set(LEFT_OUT)
+    pip["pip"] = [line for line in pip["pip"] if name(line) not in replaced] + [requirement(d) for d in overlay]
+    if not pip["pip"]:
+        dependencies.remove(pip)
     spec["dependencies"] = dependencies
     return yaml.safe_dump(spec, sort_keys=False)
 
