@@ -1,5 +1,5 @@
 """`torchlab env export [-o FILE]`: this environment as a file that recreates it; `torchlab env diff RUN_DIR`: what
-differs between this environment and the one a run recorded (torchlab/environment.py writes the records).
+differs between this environment and the one a run recorded (train.py writes RUN_DIR/environment.json).
 
 export writes, on the PyPI path, a requirements lock in `pip freeze` form (`pip install -r FILE`); on the conda
 path, `conda env export --no-builds` without its prefix (`conda env create -f FILE`). Either holds the image's
