@@ -19,10 +19,6 @@ from PIL import Image
 from torchlab import io
 
 SPLIT_SEEDS = {"train": 0, "val": 1}
-# train.py's flags for a first run on the default set (`make run`'s /data): validation accuracy far above chance
-# (25%) within a minute on 2 CPUs. The defaults (resnet50, SGD with a warm-up epoch) take 3 epochs of this small set
-# for about 7 steps, and stay at chance.
-FIRST_RUN_FLAGS = "--arch resnet18 --image-size 64 --batch-size 16 --epochs 3 --optimizer adamw --warmup-epochs 0"
 NOISE_FFT_SIDE = 512  # the smallest FFT side; larger images get the next power of two
 
 
