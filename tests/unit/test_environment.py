@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy
@@ -194,7 +193,7 @@ def test_code_in_a_git_work_tree_is_recorded_with_its_diff_capped(sample_set, tm
 
 
 def test_env_export_installs_back_with_pip_from_what_is_installed(tmp_path):
-    """`pip install --no-index -r` in a fresh venv that sees the image's site-packages: it passes only when every
+    """`pip install --no-index -r` in a fresh venv that sees the image's packages: it passes only when every
     pin is exactly an installed version and nothing a pinned package depends on is missing; a wrong pin fails.
     (That PyPI serves each pin is not tested: no network here.)"""
     lock = tmp_path / "requirements.txt"
@@ -207,7 +206,8 @@ def test_env_export_installs_back_with_pip_from_what_is_installed(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     site = next(venv.glob("lib/python*/site-packages"))
-    (site / "image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    image_sites = sorted({dist["location"] for dist in environment.distributions()})
+    (site / "image.pth").write_text("".join(f"{folder}\n" for folder in image_sites))
 
     def pip_install(requirements):
         command = [venv / "bin/python", "-m", "pip", "install", "--no-index", "-r", requirements]
