@@ -47,7 +47,8 @@ def distributions(path=None):
     """Every distribution importable from `path` (sys.path): [{name, version, location}] by name, the first on
     the path winning (a --user install before the image's env), with the copies it shadows under "shadows"."""
     found = {}
-    for dist in importlib.metadata.distributions(path=sys.path if path is None else path):
+    folders = list(dict.fromkeys(sys.path if path is None else path))  # a folder twice on the path is one place
+    for dist in importlib.metadata.distributions(path=folders):
         name = dist.metadata["Name"]
         if not name:
             continue
