@@ -95,6 +95,21 @@ RUN --mount=type=secret,id=ca_bundle \
  && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
     /opt/env/bin/pip wheel --no-deps --wheel-dir /wheels /tmp/torchlab-src
 
+# ---------------------------------------------------------------- the labels, readable inside
+# What the runtime's OCI labels say, as /opt/torchlab/image.json for processes inside the container, which cannot
+# read labels (every run's environment record holds it). A stage of its own, copied in last: a new revision
+# rebuilds this one small file, not the code layers.
+# hadolint ignore=DL3006
+FROM env-${ENV_SOURCE} AS image-facts
+ARG ENV_SOURCE
+ARG VERSION=dev
+ARG LOCK_FILE=
+ARG REVISION=unknown
+ARG SOURCE=unknown
+RUN /opt/env/bin/python -I -c \
+    'import json, os; keys = ("VERSION", "REVISION", "SOURCE", "ENV_SOURCE", "LOCK_FILE"); \
+    json.dump({key.lower(): os.environ.get(key, "") for key in keys}, open("/image.json", "w"))'
+
 # ---------------------------------------------------------------- shared runtime
 # A stage of this file, not an image to pull.
 # hadolint ignore=DL3006
@@ -170,6 +185,7 @@ WORKDIR /workspace
 # Probed every 3 s, as docker-stacks' images are: "healthy" follows the services within seconds.
 HEALTHCHECK --interval=3s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/usr/local/bin/torchlab-healthcheck"]
+COPY --from=image-facts /image.json /opt/torchlab/image.json
 # OCI metadata; the Makefile passes the version and revision from git.
 ARG VERSION=dev
 ARG LOCK_FILE=

@@ -10,6 +10,7 @@ DATA ?=## host folder mounted at /data by `make run` (default: generated sample 
 DOCKER ?= auto## docker CLI with BuildKit; auto: the first on PATH with buildx, else one with BuildKit built in (before 23.0)
 COMPOSE ?= docker-compose## compose CLI (docker-compose, or "docker compose")
 SHM_SIZE ?=## /dev/shm of `make run` (default: Docker's 64 MB; train.py's decode threads need none)
+STOP_SECONDS ?= 60## how long `make stop` waits for the container to exit (train.py checkpoints on SIGTERM) before killing it
 JUPYTER_UI ?= notebook## what `make run`'s Jupyter URL opens: notebook (Notebook 7, /tree) or lab (JupyterLab, /lab)
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
@@ -103,8 +104,9 @@ run: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## build what is missing, start t
 	echo "SSH:     ssh -p $(SSH_HOST_PORT) jovyan@127.0.0.1"; \
 	echo "Stop:    $(STOP_COMMAND)"
 
-stop: ## remove the `make run` container; its volumes (/workspace, SSH host keys) stay
-	$(DOCKER_CLI) rm -f $(CONTAINER)
+stop: ## stop the `make run` container (a running train.py gets STOP_SECONDS to checkpoint), then remove it; its volumes (/workspace, SSH host keys) stay
+	$(DOCKER_CLI) stop -t $(STOP_SECONDS) $(CONTAINER)
+	$(DOCKER_CLI) rm $(CONTAINER)
 
 compose-up: image $(if $(DATA),,$(SAMPLE_DATA)/.done) ## docker-compose.yml: volumes, secrets, restart policy, GPUs if present
 	@mkdir -p .cache && [ -n "$$JUPYTER_TOKEN_PATH" ] || [ -s .cache/jupyter_token ] || \

@@ -11,10 +11,11 @@ metrics.py          progress lines, metrics.jsonl and TensorBoard
 model.py, optim.py  the torchvision model, its weights; the optimiser and schedule
 distributed.py      torchrun's processes
 io.py               atomic writes; bad input as one line and exit 2
+environment.py      the run's environment record (environment.json) and what env diff compares
 data/               folder (the ImageFolder index), decode (crop, resize, ImageDataset), prepared (the packed
                     copy), splits (open either)
 pipeline/           loader (build_loader, /dev/shm), threads, sampler, device_decode (the device step), plan,
                     settings (autotune's store), public (create_loader for a user's Dataset)
 tools/              commands over the core: doctor, bench (+ bench_data), autotune, gpu_check, prepare,
-                    sample_data
+                    sample_data, env (export, diff)
 """

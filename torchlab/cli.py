@@ -20,6 +20,7 @@ COMMANDS = {
     "bench": ("torchlab.tools.bench", "measure the input pipelines on this machine, side by side"),
     "gpu-check": ("torchlab.tools.gpu_check", "what --decode gpu gives on this GPU: decode, training, PSNR"),
     "prepare": ("torchlab.tools.prepare", "write a prepared copy of an ImageFolder, which loads faster"),
+    "env": ("torchlab.tools.env", "export this environment as a lock file, or diff it against a run's record"),
     "sample-data": ("torchlab.tools.sample_data", "write a small four-class ImageFolder to try training on"),
     "autotune": (
         "torchlab.tools.autotune",

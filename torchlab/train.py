@@ -20,7 +20,7 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from torchlab import config, distributed, io, metrics, model, optim, resolve
+from torchlab import config, distributed, environment, io, metrics, model, optim, resolve
 from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
 from torchlab.data import decode, folder, splits
 from torchlab.pipeline import device_decode, loader, sampler
@@ -396,6 +396,8 @@ def main(argv=None, prog=config.PROG):
         f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
         f"{cfg.arch} on {device} x {processes.world_size}; loader: {loader_plan.describe()}; run dir {cfg.run_dir}"
     )
+    if processes.is_main:  # environment.json: what this run ran in (a WARNING, never a stop, if it cannot be written)
+        environment.record(cfg.run_dir, cfg.loader_plan, argv)
     try:
         if cfg.loader_only:
             measure_loader(train_loader, cfg, device, processes, log, stop)

@@ -100,6 +100,16 @@ def test_oci_labels_say_what_and_which_revision():
     assert labels["io.torchlab.env-source"] == image_env()["TORCHLAB_ENV_SOURCE"]
 
 
+def test_the_labels_are_readable_inside_for_the_environment_record(host):
+    """Processes in a container cannot read its image's labels: /opt/torchlab/image.json holds them."""
+    labels = json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}", IMAGE).stdout)
+    inside = json.loads(host.file("/opt/torchlab/image.json").content_string)
+    for key in ["version", "revision", "source"]:
+        assert inside[key] == labels[f"org.opencontainers.image.{key}"], key
+    assert inside["env_source"] == labels["io.torchlab.env-source"]
+    assert inside["lock_file"] == labels["io.torchlab.lock-file"]
+
+
 def test_make_tag_names_what_is_inside():
     result = subprocess.run(
         ["make", "-s", "tag", f"IMAGE={IMAGE}", f"DOCKER={DOCKER}", "VERSION=test"],

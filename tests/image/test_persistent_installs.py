@@ -10,7 +10,8 @@ from helpers.docker import IMAGE, docker
 from helpers.jupyter import TOKEN, execute
 from helpers.ssh import ssh
 
-SIX_VERSION = "import six; print(six.__version__)"
+# cycler: a package the image ships that neither Jupyter nor its kernels import on their own
+CYCLER_VERSION = "import cycler; print(cycler.__version__)"
 
 
 def build_wheel(folder, name, value, version="1.0"):
@@ -65,8 +66,8 @@ def test_a_package_the_image_ships_can_be_changed_by_the_user(containers, ssh_ke
     """pip install over a package of the image's env lands on /workspace, is the one imported (SSH, a kernel),
     outlives the container and leaves the image's env as it was."""
     volume = "torchlab-test-work-" + uuid.uuid4().hex[:8]
-    image_version = docker("run", "--rm", "--entrypoint", "python", IMAGE, "-c", SIX_VERSION).stdout.strip()
-    wheel = build_wheel(tmp_path, "six", "the user's", version="99.0")
+    image_version = docker("run", "--rm", "--entrypoint", "python", IMAGE, "-c", CYCLER_VERSION).stdout.strip()
+    wheel = build_wheel(tmp_path, "cycler", "the user's", version="99.0")
     env = {"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]}
     try:
         first = containers.run("-v", f"{volume}:/workspace", env=env)
@@ -75,12 +76,12 @@ def test_a_package_the_image_ships_can_be_changed_by_the_user(containers, ssh_ke
         docker("rm", "-f", first.name)
 
         second = containers.run("-v", f"{volume}:/workspace", env=env)
-        assert ssh(second, ssh_key[0], f"python -c '{SIX_VERSION}'").stdout.strip() == "99.0"
-        assert execute(second, SIX_VERSION).strip() == "99.0"
+        assert ssh(second, ssh_key[0], f"python -c '{CYCLER_VERSION}'").stdout.strip() == "99.0"
+        assert execute(second, CYCLER_VERSION).strip() == "99.0"
         shadowed = ssh(second, ssh_key[0], "torchlab doctor --data /nonexistent", check=False).stdout
-        assert f"six {image_version} (image) is shadowed by 99.0 in /workspace/.local/" in shadowed
+        assert f"cycler {image_version} (image) is shadowed by 99.0 in /workspace/.local/" in shadowed
         # The image's env is untouched: root (docker exec) has no user site, and reads the image's own.
-        assert docker("exec", second.name, "python", "-c", SIX_VERSION).stdout.strip() == image_version
+        assert docker("exec", second.name, "python", "-c", CYCLER_VERSION).stdout.strip() == image_version
     finally:
         containers.remove_all()
         docker("volume", "rm", "-f", volume, check=False)

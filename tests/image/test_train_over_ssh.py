@@ -2,11 +2,14 @@
 by `docker stop` in the middle of a run."""
 
 import json
+import re
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
-from helpers.docker import docker, wait_for
+from helpers.docker import DOCKER, IMAGE, docker, wait_for
 from helpers.jupyter import TOKEN, http_status
 from helpers.ssh import ssh
 
@@ -17,6 +20,7 @@ SAMPLE_DATA = "torchlab sample-data /workspace/sample-data"
 TRAIN_FLAGS = (
     "--data /workspace/sample-data --arch resnet18 --image-size 48 --batch-size 16 --workers 2 --log-interval 5"
 )
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +73,43 @@ def test_docker_stop_lets_a_run_started_over_ssh_checkpoint(containers, ssh_key,
     log = (tmp_path / "home/log.txt").read_text()
     assert "stopped by SIGTERM" in log, log
     assert list((tmp_path / "home/runs/long").glob("checkpoint-*.pt"))
+
+
+def checkpoint_steps(container, run_dir):
+    names = container.exec("ls", run_dir, check=False).stdout.split()
+    return sorted(int(match.group(1)) for name in names if (match := re.fullmatch(r"checkpoint-(\d+)\.pt", name)))
+
+
+def test_make_stop_lets_a_run_save_a_checkpoint_newer_than_its_last_periodic_one(containers, ssh_key):
+    """make stop, as users stop `make run`'s container: train.py gets SIGTERM and the time to checkpoint
+    before the container is removed. One epoch of 80 steps, with a checkpoint every 1.2 s within it: the
+    stop lands inside the epoch, so its checkpoint is the stop's own."""
+    volume = "torchlab-test-stop-" + uuid.uuid4().hex[:8]
+    run_dir = "/workspace/runs/stop"
+    flags = (
+        "--data /workspace/sample-data --arch resnet50 --image-size 64 --batch-size 2 --workers 2 --epochs 1 "
+        f"--checkpoint-minutes 0.02 --log-interval 5 --run-dir {run_dir}"
+    )
+    try:
+        container = containers.run("-v", f"{volume}:/workspace", env={"SSH_PUBLIC_KEY": ssh_key[1]}, shm_size="1g")
+        ssh(container, ssh_key[0], SAMPLE_DATA, timeout=300)
+        ssh(container, ssh_key[0], f"nohup python train.py {flags} > /workspace/stop.log 2>&1 &")
+        wait_for(lambda: checkpoint_steps(container, run_dir), 300, "the run's first periodic checkpoint",
+                 lambda: container.exec("tail", "-5", "/workspace/stop.log", check=False).stdout)  # fmt: skip
+        periodic = checkpoint_steps(container, run_dir)[-1]
+        make_stop = ["make", "-s", "stop", f"CONTAINER={container.name}", f"IMAGE={IMAGE}", f"DOCKER={DOCKER}"]
+        stop = subprocess.run(make_stop, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        assert stop.returncode == 0, stop.stderr
+        assert docker("inspect", container.name, check=False).returncode != 0, "make stop left the container"
+        log = docker("run", "--rm", "-v", f"{volume}:/workspace", "--entrypoint", "cat", IMAGE, "/workspace/stop.log")
+        saved = re.search(
+            rf"stopped by SIGTERM at epoch 0, step (\d+): saved {run_dir}/checkpoint-(\d+)\.pt", log.stdout
+        )
+        assert saved, log.stdout
+        assert int(saved.group(1)) == int(saved.group(2)) > periodic
+    finally:
+        containers.remove_all()
+        docker("volume", "rm", "-f", volume, check=False)
 
 
 def test_default_run_resumes_after_the_container_is_recreated_on_the_volume(containers, ssh_key):

@@ -194,9 +194,10 @@ def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_pat
         "checkpoint-00000003.pt",
         "checkpoint-00000006.pt",
         "config.json",
+        "environment.json",
         "metrics.jsonl",
     ]
-    assert len(files) == 5  # one TensorBoard event file, rank 0's
+    assert len(files) == 6  # one TensorBoard event file, rank 0's
 
 
 def test_compile_trains_on_the_cpu(sample_set, tmp_path):

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from torchlab import cli, config, io
+from torchlab import cli, config, environment, io
 from torchlab.data import folder, splits
 from torchlab.pipeline import device_decode, loader, plan
 
@@ -159,6 +159,25 @@ def check_torch(spec_path=ENV_SPEC):
             facts=facts,
         )
     return Check("torch", OK, detail, facts=facts)
+
+
+TORCH_FAMILY = re.compile(r"torch|torchvision|torchaudio|nvidia-.*|triton")  # a mismatch here breaks the GPU
+
+
+def check_user_packages():
+    """The user's packages (pip install as the user, on /workspace) that shadow one of the image's, one each."""
+    shadowing = [dist for dist in environment.distributions() if dist.get("shadows")]
+    if not shadowing:
+        return Check("your packages", OK, "none shadows one of the image's")
+    lines = [
+        f"{dist['name']} {dist['shadows'][0]['version']} (image) is shadowed by {dist['version']} in {dist['location']}"
+        for dist in shadowing
+    ]
+    facts = {"shadowing": shadowing}
+    if any(TORCH_FAMILY.fullmatch(dist["name"]) for dist in shadowing):
+        fix = "a torch or CUDA package of your own must match the image's CUDA and driver; remove it to go back"
+        return Check("your packages", WARN, "; ".join(lines), fix=fix, facts=facts)
+    return Check("your packages", OK, "; ".join(lines), facts=facts)
 
 
 def check_package(name):
@@ -562,6 +581,7 @@ def run_checks(
         decoder or defaults.decode,
     )
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
+    report.append(check_user_packages())
     report.extend(check_gpus())
     data_check, train_index = indexed_data_check(data_dir, batch_size, defaults.val_fraction, defaults.seed)
     report.append(data_check)
