@@ -168,6 +168,8 @@ test-static: $(VENV)/.done ## checks that need no build: env pins, Dockerfile, k
 test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside the image (on the sources in this folder)
 	$(DOCKER_CLI) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
 		python -m pytest -p no:cacheprovider tests/unit benchmarks
+	$(DOCKER_CLI) run --rm -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
+		python -m pytest -p no:cacheprovider -m small_shm tests/unit
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
 	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) $(VENV)/bin/pytest -s tests/image

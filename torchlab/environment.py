@@ -33,9 +33,17 @@ IMAGE_FILE = "/opt/torchlab/image.json"  # the image's labels, written at build 
 COMMAND_SECONDS = 10  # the longest any one command (git, conda, nvidia-smi) may take
 PATCH_LIMIT_BYTES = 1_000_000
 UNTRACKED_NAMED = 50
+OTHER_USERS_TREE = "in a git work tree owned by another user, which git does not read for this one (safe.directory)"
 # What can change a run's numbers: a change in any of these at a resume is a WARNING in the log.
-NUMERIC_KEYS = ("package torch", "package torchvision", "package numpy", "package pillow", "CUDA", "cuDNN",
-                "image version")  # fmt: skip
+NUMERIC_KEYS = (
+    "package torch",
+    "package torchvision",
+    "package numpy",
+    "package pillow",
+    "CUDA",
+    "cuDNN",
+    "image version",
+)
 
 
 def canonical_name(name):
@@ -71,8 +79,9 @@ def env_source():
 def run_command(*command, cwd=None):
     """A command's stdout (text); RuntimeError, naming it, where it fails or takes longer than COMMAND_SECONDS."""
     try:
-        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, errors="replace",
-                              timeout=COMMAND_SECONDS, check=False)  # fmt: skip
+        done = subprocess.run(
+            command, cwd=cwd, capture_output=True, text=True, errors="replace", timeout=COMMAND_SECONDS, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise RuntimeError(f"{command[0]} {command[1]}: {error}") from None
     if done.returncode != 0:
@@ -189,7 +198,13 @@ def code(flags, patch_path):
     environment.1.patch beside patch_path (environment.patch), and so on."""
     states, tops = [], []
     for path in code_paths(flags):
-        top = work_tree(path)
+        try:
+            top = work_tree(path)
+        except RuntimeError as error:  # git's safe.directory rule: a tree owned by another user runs its config
+            if "safe.directory" not in str(error):
+                raise
+            states.append({"path": os.path.abspath(path), "not_read": OTHER_USERS_TREE})
+            continue
         if top is not None and top not in tops:
             stem, ext = os.path.splitext(patch_path)
             states.append(git_state(top, path, f"{stem}.{len(tops)}{ext}" if tops else patch_path))
@@ -314,13 +329,15 @@ def write_record(run_dir, plan, flags):
     if previous is not None:
         if same_environment(previous[1], current):
             for state in current.get("code") or []:  # the patch of an unchanged tree is the previous one's
-                if state["patch"]:
+                if state.get("patch"):
                     os.unlink(os.path.join(run_dir, state["patch"]))
             return
         changed = differences(previous[1], current)
         numeric = [line for key, line in changed if key in NUMERIC_KEYS]
         if numeric:
-            warn(f"this environment differs from {previous[0]} in what can change the numbers: "
-                 f"{'; '.join(numeric)} ({len(changed)} differences in all: torchlab env diff {run_dir})")  # fmt: skip
+            warn(
+                f"this environment differs from {previous[0]} in what can change the numbers: "
+                f"{'; '.join(numeric)} ({len(changed)} differences in all: torchlab env diff {run_dir})"
+            )
     text = json.dumps(current, indent=2).encode()
     io.atomic_write(record_path(run_dir, number), lambda record_file: record_file.write(text))

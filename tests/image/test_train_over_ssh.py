@@ -94,8 +94,12 @@ def test_make_stop_lets_a_run_save_a_checkpoint_newer_than_its_last_periodic_one
         container = containers.run("-v", f"{volume}:/workspace", env={"SSH_PUBLIC_KEY": ssh_key[1]}, shm_size="1g")
         ssh(container, ssh_key[0], SAMPLE_DATA, timeout=300)
         ssh(container, ssh_key[0], f"nohup python train.py {flags} > /workspace/stop.log 2>&1 &")
-        wait_for(lambda: checkpoint_steps(container, run_dir), 300, "the run's first periodic checkpoint",
-                 lambda: container.exec("tail", "-5", "/workspace/stop.log", check=False).stdout)  # fmt: skip
+        wait_for(
+            lambda: checkpoint_steps(container, run_dir),
+            300,
+            "the run's first periodic checkpoint",
+            lambda: container.exec("tail", "-5", "/workspace/stop.log", check=False).stdout,
+        )
         periodic = checkpoint_steps(container, run_dir)[-1]
         make_stop = ["make", "-s", "stop", f"CONTAINER={container.name}", f"IMAGE={IMAGE}", f"DOCKER={DOCKER}"]
         stop = subprocess.run(make_stop, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)

@@ -31,8 +31,9 @@ def installed_over(folder, name, version):
 
 
 def run_env(*args, env=None):
-    return subprocess.run(torchlab_command("env", *args), capture_output=True, text=True, env=env or TRAIN_ENV,
-                          timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        torchlab_command("env", *args), capture_output=True, text=True, env=env or TRAIN_ENV, timeout=120, check=False
+    )
 
 
 def one_record(run_dir, name="environment.json"):
@@ -58,6 +59,7 @@ def test_the_record_holds_the_packages_versions_machine_and_the_plan_as_used(sam
     assert record["command"]["cwd"] == os.getcwd()
 
 
+@pytest.mark.small_shm
 def test_under_a_small_dev_shm_the_record_holds_the_lowered_plan(sample_set, tmp_path):
     shm = loader.shared_memory_bytes()
     if shm is None or shm[1] >= ASKED_IN_FLIGHT_BYTES:
@@ -95,8 +97,12 @@ def test_a_resumed_run_records_again_and_warns_when_a_package_that_matters_chang
     env = {**TRAIN_ENV, "PYTHONPATH": f"{overlay}{os.pathsep}{ROOT}"}
     changed = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *map(str, flags), "--max-steps", "3"],
-        capture_output=True, text=True, env=env, timeout=240, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
     assert changed.returncode == 0, changed.stderr
     warnings = [line for line in changed.stdout.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1, changed.stdout
@@ -114,9 +120,23 @@ def test_env_diff_names_a_changed_an_added_and_a_removed_package(sample_set, tmp
     overlay = installed_over(tmp_path / "before", "torchlab-test-removed", "1.0")
     env = {**TRAIN_ENV, "PYTHONPATH": f"{overlay}{os.pathsep}{ROOT}"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--data", str(sample_set), "--run-dir", str(run_dir), *QUICK_RUN,
-         "--max-steps", "1"], capture_output=True, text=True, env=env, timeout=240, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--data",
+            str(sample_set),
+            "--run-dir",
+            str(run_dir),
+            *QUICK_RUN,
+            "--max-steps",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert run_env("diff", run_dir, env=env).returncode == 0
 
@@ -161,8 +181,12 @@ def test_a_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(samp
 
 
 def git(repository, *args):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repository,
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=repository,
+        check=True,
+        capture_output=True,
+    )
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -179,10 +203,23 @@ def test_code_in_a_git_work_tree_is_recorded_with_its_diff_capped(sample_set, tm
     run_dir = tmp_path / "run"
     env = {**TRAIN_ENV, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, str(repository / "train.py"), "--config", str(repository / "run.json"), "--data",
-         str(sample_set), "--run-dir", str(run_dir), *QUICK_RUN], capture_output=True, text=True, env=env, timeout=240,
+        [
+            sys.executable,
+            str(repository / "train.py"),
+            "--config",
+            str(repository / "run.json"),
+            "--data",
+            str(sample_set),
+            "--run-dir",
+            str(run_dir),
+            *QUICK_RUN,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
         check=False,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     [state] = one_record(run_dir)["code"]
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repository, capture_output=True, text=True, check=True)
@@ -258,5 +295,8 @@ def test_the_conda_export_gets_the_user_overlay_in_its_pip_section_and_loses_tor
     spec = yaml.safe_load(env_tool.conda_lock(CONDA_EXPORT, dists, str(prefix)))
     assert "prefix" not in spec
     assert spec["dependencies"] == [
-        "python=3.10.14", "numpy=1.26.4", "pip=24.0", {"pip": ["tensorboard==2.17.0", "numpy==2.1.0"]},
-    ]  # fmt: skip
+        "python=3.10.14",
+        "numpy=1.26.4",
+        "pip=24.0",
+        {"pip": ["tensorboard==2.17.0", "numpy==2.1.0"]},
+    ]
