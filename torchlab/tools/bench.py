@@ -35,6 +35,7 @@ import multiprocessing
 import os
 import platform
 import statistics
+import sys
 import time
 import warnings
 from io import BytesIO
@@ -436,6 +437,8 @@ def measure_loader_memory(data_root, batch_size, backend, sender):
         pass
     rss, pss = process_tree_memory()
     sender.send({"loader": backend, "workers": pipeline.workers, "rss_mb": rss / loader.MB, "pss_mb": pss / loader.MB})
+    # What the workers print as they stop ("terminate called without an active exception") is not the bench's.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
 
 def warm_page_cache(paths):
