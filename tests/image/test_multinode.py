@@ -113,7 +113,9 @@ def test_two_nodes_train_one_job_and_rank_0_checkpoints_to_the_shared_volume(sta
     files = job.in_run_dir("ls").stdout.split()
     events = [name for name in files if name.startswith("events.out.tfevents.")]
     assert len(events) == 1, files  # TensorBoard's, written by rank 0 alone
-    assert sorted(set(files) - set(events)) == ["checkpoint-00000004.pt", "config.json", "metrics.jsonl"]
+    # environment.json: rank 0's record of the environment, the only one
+    expected = ["checkpoint-00000004.pt", "config.json", "environment.json", "metrics.jsonl"]
+    assert sorted(set(files) - set(events)) == expected
     records = [json.loads(line) for line in job.in_run_dir("cat", "metrics.jsonl").stdout.splitlines()]
     assert [record["step"] for record in records if record["kind"] == "interval"] == [2, 4]
 
