@@ -96,6 +96,28 @@ def tuned_reason(tuned):
     return f"autotuned (saved {saved}, for these flags)"
 
 
+def planned_workers(asked_workers, tuned, cpus, processes_on_machine, reasons):
+    """--workers as given, else the saved setting's (`tuned`; None: none), else one per usable CPU of this
+    process's share, at most MAX_AUTO_WORKERS; the reason goes into `reasons` where it was not given."""
+    if asked_workers != "auto":
+        return asked_workers
+    if tuned is not None:
+        reasons["workers"] = tuned_reason(tuned)
+        return tuned["workers"]
+    reasons["workers"] = f"auto: {cpus} usable CPUs / {processes_on_machine} processes"
+    return min(loader.MAX_AUTO_WORKERS, max(1, cpus // processes_on_machine))
+
+
+def no_worker_fits(shm_free, one_batch_bytes, processes_on_machine):
+    """The SharedMemoryError of a /dev/shm that cannot hold even one worker process's batches."""
+    needed = loader.shared_memory_needed(1, 1, one_batch_bytes, processes_on_machine)
+    return loader.SharedMemoryError(
+        f"/dev/shm has {shm_free / loader.MB:.0f} MB free: not enough for one loader worker's batches "
+        f"({needed / loader.MB:.0f} MB of {one_batch_bytes / loader.MB:.1f} MB each); use --loader threads "
+        "(or auto), or start the container with --shm-size=8g (or --ipc=host)"
+    )
+
+
 def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_machine=1, on_cuda=False, decode=None):
     """The LoaderPlan for `asked` (AskedLoader), from `tuned` (the setting autotune saved for these flags, used
     with --workers auto; None if none), the usable CPUs, /dev/shm's free bytes (None: no /dev/shm), one batch's
@@ -103,13 +125,7 @@ def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_mach
     Raises loader.SharedMemoryError where --loader processes cannot fit one worker's batches."""
     reasons = {}
     use_tuned = tuned is not None and asked.workers == "auto"
-    if asked.workers != "auto":
-        workers = asked.workers
-    elif use_tuned:
-        workers, reasons["workers"] = tuned["workers"], tuned_reason(tuned)
-    else:
-        workers = min(loader.MAX_AUTO_WORKERS, max(1, cpus // processes_on_machine))
-        reasons["workers"] = f"auto: {cpus} usable CPUs / {processes_on_machine} processes"
+    workers = planned_workers(asked.workers, tuned if use_tuned else None, cpus, processes_on_machine, reasons)
 
     def processes_fit(prefetch):
         """loader.fit_shared_memory for worker processes, and the words for not fitting."""
@@ -145,12 +161,7 @@ def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_mach
     if backend == "processes" and checks_shm:
         fit, too_small = processes_fit(prefetch_factor)
         if not fit.possible:
-            needed = loader.shared_memory_needed(1, 1, one_batch_bytes, processes_on_machine)
-            raise loader.SharedMemoryError(
-                f"/dev/shm has {shm_free / loader.MB:.0f} MB free: not enough for one loader worker's batches "
-                f"({needed / loader.MB:.0f} MB of {one_batch_bytes / loader.MB:.1f} MB each); use --loader threads "
-                "(or auto), or start the container with --shm-size=8g (or --ipc=host)"
-            )
+            raise no_worker_fits(shm_free, one_batch_bytes, processes_on_machine)
         if not fit.fits:
             reasons["workers"] = f"lowered from {workers} x {prefetch_factor}: {too_small}; --loader threads needs none"
             workers, prefetch_factor = fit.workers, fit.prefetch_factor
