@@ -113,6 +113,26 @@ def setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft):
     return f"{decoder:>7} {backend:>9} {workers:>8} {prefetch_factor:>8} {'on' if jpeg_draft else 'off':>6}"
 
 
+def time_settings(datasets, fitting, flags, device, seconds_each, print_line):
+    """images/s of each setting in `fitting`, seconds_each each, printed as a table: [(rate, *setting)]."""
+    print_line(f"{'decode':>7} {'loader':>9} {'workers':>8} {'prefetch':>8} {'draft':>6} {'images/s':>9}")
+    results = []
+    for decoder, backend, workers, prefetch_factor, jpeg_draft in fitting:
+        # Workers stop after each measurement.
+        loader_settings = dataclasses.replace(
+            resolve.loader_settings(flags),
+            backend=backend,
+            workers=workers,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=False,
+        )
+        datasets[decoder].draft = jpeg_draft
+        rate = measure_images_per_sec(datasets[decoder], decoder, loader_settings, device, seconds_each)
+        results.append((rate, decoder, backend, workers, prefetch_factor, jpeg_draft))
+        print_line(f"{setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft)} {rate:>9.1f}")
+    return results
+
+
 def tune(index, flags, device, key, print_line=print, started=0.0):
     """Try every candidate setting (decoder, workers, prefetch factor, JPEG draft) on the training samples of
     `index` for flags.autotune_seconds in all, print a table, save and return the best.
@@ -142,21 +162,7 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
     fitting = fitting[: max(1, int(left // MIN_SECONDS_EACH))]
     seconds_each = left / len(fitting)
     print_line(f"autotune: {len(fitting)} settings x {seconds_each:.1f} s on {device}; {key}")
-    print_line(f"{'decode':>7} {'loader':>9} {'workers':>8} {'prefetch':>8} {'draft':>6} {'images/s':>9}")
-    results = []
-    for decoder, backend, workers, prefetch_factor, jpeg_draft in fitting:
-        # Workers stop after each measurement.
-        loader_settings = dataclasses.replace(
-            resolve.loader_settings(flags),
-            backend=backend,
-            workers=workers,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=False,
-        )
-        datasets[decoder].draft = jpeg_draft
-        rate = measure_images_per_sec(datasets[decoder], decoder, loader_settings, device, seconds_each)
-        results.append((rate, decoder, backend, workers, prefetch_factor, jpeg_draft))
-        print_line(f"{setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft)} {rate:>9.1f}")
+    results = time_settings(datasets, fitting, flags, device, seconds_each, print_line)
     for setting in skipped:
         print_line(f"{setting_row(*setting)}  skipped: /dev/shm too small")
     if untried:
