@@ -309,29 +309,35 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
         stages["device step"] = device_step / len(batch)
         result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
     for name in (OWN_CREATE_LOADER, OWN_DATALOADER):
-        dataset = pipelines[name].loader.dataset
-        dataset = getattr(dataset, "dataset", dataset)  # create_loader's view of it
-        getitem_seconds, samples = seconds_per_item(dataset.__getitem__, range(min(STAGE_SAMPLES, len(dataset))))
-        batch = torch.from_numpy(np.stack([image for image, _ in samples[:batch_size]]))
-        labels = torch.tensor([label for _, label in samples[:batch_size]])
-        device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
-        stages = {"your __getitem__": getitem_seconds, "device step": device_step / len(batch)}
+        stages = own_dataset_stages(pipelines[name], batch_size, device)
         result[name] = {"ms_per_image": stages, "workers": pipelines[name].workers}
     for timing in result.values():
-        workers = timing["workers"]
-        in_workers = max(1, workers)
-
-        def images_per_sec(stage, seconds, in_workers=in_workers):
-            return (1 if stage in MAIN_PROCESS_STAGES else in_workers) / seconds
-
-        if workers == 0:  # one process does every stage, one after another
-            timing["limit"] = max(timing["ms_per_image"], key=timing["ms_per_image"].get)
-        else:
-            timing["limit"] = min(
-                timing["ms_per_image"], key=lambda stage: images_per_sec(stage, timing["ms_per_image"][stage])
-            )
+        timing["limit"] = limiting_stage(timing["ms_per_image"], timing["workers"])
         timing["ms_per_image"] = {stage: 1000 * seconds for stage, seconds in timing["ms_per_image"].items()}
     return result
+
+
+def own_dataset_stages(pipeline, batch_size, device):
+    """Seconds per image of a user's own Dataset's __getitem__ and of the device step."""
+    dataset = pipeline.loader.dataset
+    dataset = getattr(dataset, "dataset", dataset)  # create_loader's view of it
+    getitem_seconds, samples = seconds_per_item(dataset.__getitem__, range(min(STAGE_SAMPLES, len(dataset))))
+    batch = torch.from_numpy(np.stack([image for image, _ in samples[:batch_size]]))
+    labels = torch.tensor([label for _, label in samples[:batch_size]])
+    device_step = device_step_seconds(pipeline.to_device, batch, labels, device)
+    return {"your __getitem__": getitem_seconds, "device step": device_step / len(batch)}
+
+
+def limiting_stage(seconds_per_image, workers):
+    """The stage with the fewest images/s: one in the workers runs `workers` at a time, one in the main process
+    one at a time; with no workers, one process does every stage in turn, and the slowest limits."""
+    if workers == 0:
+        return max(seconds_per_image, key=seconds_per_image.get)
+
+    def images_per_sec(stage):
+        return (1 if stage in MAIN_PROCESS_STAGES else workers) / seconds_per_image[stage]
+
+    return min(seconds_per_image, key=images_per_sec)
 
 
 def private_dirty_bytes():
@@ -636,6 +642,18 @@ def pipeline_rows(pipelines, runs, medians, waits, stages):
     return rows
 
 
+def decode_only_jobs(train_index, prepared_index):
+    """The decode-only ceilings' work: {name: (function, its jobs)} for the files and for the prepared copy."""
+    prepared_jobs = [
+        (prepared_index.data_path, int(start), int(end))
+        for start, end in zip(prepared_index.starts, prepared_index.ends, strict=True)
+    ]
+    return {
+        "decode_only": (decode_file, [train_index.path(position) for position in range(len(train_index))]),
+        "decode_only_prepared": (decode_prepared, prepared_jobs),
+    }
+
+
 def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device, print_line=print, gpu_decode=None):
     """Measure everything on the files at data_root and prepared_root; write out_dir/bench.{json,png}. gpu_decode:
     as make_pipelines (on a CPU device, DeviceDecoder decodes with torchvision's CPU decoder: a dry run)."""
@@ -648,16 +666,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
     warm_page_cache([*(train_index.path(p) for p in range(len(train_index))), prepared_train_index.data_path])
     cpus = loader.usable_cpu_count()
     pipelines, transports = make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decode)
-    decode_jobs = {
-        "decode_only": (decode_file, [train_index.path(position) for position in range(len(train_index))]),
-        "decode_only_prepared": (
-            decode_prepared,
-            [
-                (prepared_train_index.data_path, int(start), int(end))
-                for start, end in zip(prepared_train_index.starts, prepared_train_index.ends, strict=True)
-            ],
-        ),
-    }
+    decode_jobs = decode_only_jobs(train_index, prepared_train_index)
     runs = measure_rates(pipelines, transports, decode_jobs, repetitions, device, cpus, print_line)
     medians = {name: statistics.median(rates) for name, rates in runs.items()}
 
