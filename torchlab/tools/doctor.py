@@ -555,6 +555,28 @@ def loader_plans(asked, autotune_file, data_dir, batch_size, image_size, process
     return before_fit, used, decoder, one_batch_bytes
 
 
+def shared_memory_row(shown, before_fit, batch_size, image_size, processes, one_batch_bytes):
+    """The /dev/shm row: unused with decode threads (`shown`, the plan as used), else check_shared_memory of the
+    worker processes' plan before /dev/shm's fit."""
+    if shown.backend == "threads" and shown.workers > 0:
+        why = f" ({shown.reasons['backend']})" if "backend" in shown.reasons else ""
+        return Check(
+            "shared memory",
+            OK,
+            f"not used: {shown.workers} decode threads in the training process{why}",
+            facts={"workers": shown.workers, "backend": "threads"},
+        )
+    return check_shared_memory(
+        loader.shared_memory_bytes(),
+        before_fit.workers,
+        before_fit.prefetch_factor,
+        batch_size,
+        image_size,
+        processes,
+        one_batch_bytes=one_batch_bytes,
+    )
+
+
 def run_checks(
     data_dir=None,
     workers=None,
@@ -592,28 +614,7 @@ def run_checks(
         asked, autotune_file or defaults.autotune_file, data_dir, batch_size, image_size, processes, index, device
     )
     shown = used or before_fit
-    if shown.backend == "threads" and shown.workers > 0:
-        why = f" ({shown.reasons['backend']})" if "backend" in shown.reasons else ""
-        report.append(
-            Check(
-                "shared memory",
-                OK,
-                f"not used: {shown.workers} decode threads in the training process{why}",
-                facts={"workers": shown.workers, "backend": "threads"},
-            )
-        )
-    else:
-        report.append(
-            check_shared_memory(
-                loader.shared_memory_bytes(),
-                before_fit.workers,
-                before_fit.prefetch_factor,
-                batch_size,
-                image_size,
-                processes,
-                one_batch_bytes=one_batch_bytes,
-            )
-        )
+    report.append(shared_memory_row(shown, before_fit, batch_size, image_size, processes, one_batch_bytes))
     tuned = before_fit.reasons.get("workers") if before_fit.autotuned else None
     report.append(check_cpus(before_fit.workers, processes, tuned=tuned, backend=shown.backend))
     report.append(check_decoder(decoder, device, before_fit.workers, before_fit.autotuned))
@@ -621,21 +622,25 @@ def run_checks(
     return report
 
 
+DESCRIPTION = (
+    "Check this container before a long training run: Python and torch (versions, CUDA and cuDNN "
+    "it was built with); each GPU (driver, memory, a small matmul); the data at --data (mounted? readable? "
+    "layout, classes, image counts); /dev/shm against the batches the loader workers keep in flight; the "
+    "usable CPUs (affinity and cgroup quota); free disk at --run-dir. "
+    "The loader flags default to train.py's: pass the ones you will train with."
+)
+EPILOG = (
+    "Each line reads ok, warn or fail, and for warn and fail the fix. Exit status: 0 when nothing "
+    "fails (warnings included), 1 when a check fails, 2 for a bad flag. A missing GPU is a warning (train.py "
+    "runs on the CPU); a GPU that CUDA cannot use is a failure. Missing or unreadable data, a /dev/shm "
+    "too small for one loader worker's batches (docker run --shm-size=8g), and a run dir that cannot be "
+    "written or has under 1 GiB free are failures; a /dev/shm that makes train.py lower --workers or "
+    "--prefetch-factor is a warning."
+)
+
+
 def build_parser(prog="torchlab doctor"):
-    parser = cli.OneLineErrorParser(
-        prog=prog,
-        description="Check this container before a long training run: Python and torch (versions, CUDA and cuDNN "
-        "it was built with); each GPU (driver, memory, a small matmul); the data at --data (mounted? readable? "
-        "layout, classes, image counts); /dev/shm against the batches the loader workers keep in flight; the "
-        "usable CPUs (affinity and cgroup quota); free disk at --run-dir. "
-        "The loader flags default to train.py's: pass the ones you will train with.",
-        epilog="Each line reads ok, warn or fail, and for warn and fail the fix. Exit status: 0 when nothing "
-        "fails (warnings included), 1 when a check fails, 2 for a bad flag. A missing GPU is a warning (train.py "
-        "runs on the CPU); a GPU that CUDA cannot use is a failure. Missing or unreadable data, a /dev/shm "
-        "too small for one loader worker's batches (docker run --shm-size=8g), and a run dir that cannot be "
-        "written or has under 1 GiB free are failures; a /dev/shm that makes train.py lower --workers or "
-        "--prefetch-factor is a warning.",
-    )
+    parser = cli.OneLineErrorParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
     defaults = config.DEFAULTS
     parser.add_argument("--data", default=defaults.data, help="the data train.py reads (default: %(default)s)")
     parser.add_argument(
