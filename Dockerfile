@@ -2,7 +2,7 @@
 #
 # Two ways to make the Python environment, one sequence of layers after it:
 #   ENV_SOURCE=conda (default): Miniconda base + `conda env create` from environment.yml
-#   ENV_SOURCE=pypi:            any Debian base + a venv with the same pins from PyPI wheels
+#   ENV_SOURCE=pypi:            any Debian base's Python + the same pins from PyPI wheels
 # A CA bundle for TLS-intercepting proxies comes in as a BuildKit secret (id=ca_bundle)
 # and never lands in a layer. See the Makefile for the build command.
 
@@ -42,16 +42,29 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118
 ARG LOCK_FILE=
 COPY environment.yml buildtools/envspec.py /tmp/torchlab/
 COPY locks/ /tmp/torchlab/locks/
-# The venv sees site-packages outside it, as a conda env does: that is what lets
-# `pip install --user` (into /workspace/.local) work at all.
-# Debian's Python when the base has none, with its headers (torch.compile builds against them).
+# The env is the base Python's own prefix (where its pip installs: /usr/local on Debian's Python and on
+# python:*-slim), not a venv, as a conda env is none: the user site (PYTHONUSERBASE, /workspace/.local) then
+# comes before the image's packages on sys.path, and pip, as the user, installs over a shipped package there
+# and uninstalls it again, which pip refuses in a venv for anything outside it (pypa/pip#5176).
+# Debian's Python when the base has none, with its headers (torch.compile builds against them), python3-venv
+# for the user's own venvs, and pip from Debian's wheel. EXTERNALLY-MANAGED goes: this Python is the image's
+# env, and pip, not apt, manages its packages.
 # hadolint ignore=DL3008
 RUN if ! command -v python3 >/dev/null; then \
         apt-get update \
      && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
      && rm -rf /var/lib/apt/lists/*; \
     fi \
- && python3 -m venv --system-site-packages /opt/env
+ && rm -f "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')/EXTERNALLY-MANAGED" \
+ && if ! python3 -m pip --version >/dev/null 2>&1; then \
+        wheel=$(echo /usr/share/python-wheels/pip-*.whl) \
+     && PIP_ROOT_USER_ACTION=ignore python3 "$wheel/pip" install --no-index --no-cache-dir "$wheel"; \
+    fi \
+ && prefix=$(python3 -c 'import sysconfig; print(sysconfig.get_path("data"))') \
+ && for name in python python3; do \
+        [ -e "$prefix/bin/$name" ] || ln -s "$(command -v python3)" "$prefix/bin/$name"; \
+    done \
+ && ln -s "$prefix" /opt/env
 RUN --mount=type=secret,id=ca_bundle \
     --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -f /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
@@ -62,17 +75,7 @@ RUN --mount=type=secret,id=ca_bundle \
  && /opt/env/bin/pip install "${lock[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
         -r <(python3 "${spec[@]}" requirements torch "$env_file") \
  && cuda="$(case "$TORCH_INDEX_URL" in */cu118*) echo 11.8;; esac)" \
- && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file" \
- && purelib=$(/opt/env/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
- && mv "$purelib" "$(dirname "$purelib")/image-packages"
-# The image's packages (moved above, in the same layer: a later move would copy them) beside the venv's
-# site-packages, and what the user installs (pip install --user, or pip install as the user) before them on
-# sys.path: image/python/_torchlab_user_first.py says why.
-COPY image/python/_torchlab_user_first.py /tmp/torchlab/
-RUN purelib=$(/opt/env/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
- && install -D -m 644 /tmp/torchlab/_torchlab_user_first.py "$purelib/_torchlab_user_first.py" \
- && echo "import _torchlab_user_first; _torchlab_user_first.add_site_dirs()" >"$purelib/_torchlab_user_first.pth" \
- && /opt/env/bin/python -c 'import torch, numpy, six'
+ && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file"
 
 # ---------------------------------------------------------------- the torchlab package
 # A wheel of torchlab/ (pyproject.toml), built with the env's Python; the runtime installs it without

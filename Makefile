@@ -2,7 +2,7 @@
 # decides, once per make run, and logs each choice in one line ("torchlab build: ..."); any other value wins.
 IMAGE ?= torchlab## image name
 CONTAINER ?= $(subst :,-,$(notdir $(IMAGE)))-$(shell id -un)## name of the `make run` container
-ENV_SOURCE ?= auto## conda (Miniconda + environment.yml), pypi (Debian base + venv); auto: conda where Miniconda and the conda channels can be had
+ENV_SOURCE ?= auto## conda (Miniconda + environment.yml), pypi (a Debian base's Python + PyPI wheels); auto: conda where Miniconda and the conda channels can be had
 BASE_IMAGE ?= auto## base of the pypi path (any Debian image); auto: python:3.10-slim where a registry answers, else torchlab/debian:bookworm
 TORCH_INDEX_URL ?= auto## pip index for torch on the pypi path; empty = PyPI; auto: PyTorch's cu118 index where it answers, else PyPI
 CA_BUNDLE ?= auto## CA bundle for builds (a BuildKit secret, never in a layer); empty = none; auto: SSL_CERT_FILE, REQUESTS_CA_BUNDLE, the system's

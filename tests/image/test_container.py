@@ -77,9 +77,11 @@ def test_no_host_keys_baked_into_the_image():
 
 
 def test_image_says_how_its_env_was_built(host):
-    # /opt/env is a conda env (conda-meta/) on the conda path, a venv (pyvenv.cfg) on the PyPI path.
-    conda_env, venv = host.file("/opt/env/conda-meta").is_directory, host.file("/opt/env/pyvenv.cfg").exists
-    assert conda_env != venv
+    # /opt/env is a conda env (conda-meta/) on the conda path, the base Python's own prefix on the PyPI path:
+    # no venv on either, so that the user site comes first and pip can uninstall from it.
+    conda_env = host.file("/opt/env/conda-meta").is_directory
+    assert not host.file("/opt/env/pyvenv.cfg").exists
+    assert host.check_output("/opt/env/bin/python -I -c 'import sys; print(sys.prefix == sys.base_prefix)'") == "True"
     assert image_env()["TORCHLAB_ENV_SOURCE"] == ("conda" if conda_env else "pypi")
 
 

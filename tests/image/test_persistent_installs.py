@@ -64,7 +64,8 @@ def test_user_installs_and_venvs_survive_re_creation(containers, ssh_key, tmp_pa
 
 def test_a_package_the_image_ships_can_be_changed_by_the_user(containers, ssh_key, tmp_path):
     """pip install over a package of the image's env lands on /workspace, is the one imported (SSH, a kernel),
-    outlives the container and leaves the image's env as it was."""
+    outlives the container and leaves the image's env as it was; an upgrade replaces it, and pip uninstall
+    brings the image's version back."""
     volume = "torchlab-test-work-" + uuid.uuid4().hex[:8]
     image_version = docker("run", "--rm", "--entrypoint", "python", IMAGE, "-c", CYCLER_VERSION).stdout.strip()
     wheel = build_wheel(tmp_path, "cycler", "the user's", version="99.0")
@@ -78,10 +79,28 @@ def test_a_package_the_image_ships_can_be_changed_by_the_user(containers, ssh_ke
         second = containers.run("-v", f"{volume}:/workspace", env=env)
         assert ssh(second, ssh_key[0], f"python -c '{CYCLER_VERSION}'").stdout.strip() == "99.0"
         assert execute(second, CYCLER_VERSION).strip() == "99.0"
+        torchrun = (
+            f"echo '{CYCLER_VERSION}' >/tmp/probe.py && "
+            "nohup torchrun --standalone --nproc-per-node 1 /tmp/probe.py >/tmp/probe.out 2>&1; cat /tmp/probe.out"
+        )
+        assert "99.0" in ssh(second, ssh_key[0], torchrun, timeout=120).stdout.split()
         shadowed = ssh(second, ssh_key[0], "torchlab doctor --data /nonexistent", check=False).stdout
         assert f"cycler {image_version} (image) is shadowed by 99.0 in /workspace/.local/" in shadowed
         # The image's env is untouched: root (docker exec) has no user site, and reads the image's own.
         assert docker("exec", second.name, "python", "-c", CYCLER_VERSION).stdout.strip() == image_version
+
+        # An upgrade replaces the user's copy rather than leaving a second one beside it...
+        upgrade = build_wheel(tmp_path, "cycler", "the user's next", version="99.1")
+        docker("cp", str(upgrade), f"{second.name}:/tmp/")
+        ssh(second, ssh_key[0], f"pip install --no-index /tmp/{upgrade.name}", timeout=120)
+        copies = ssh(second, ssh_key[0], "ls -d /workspace/.local/lib/python3*/site-packages/cycler-*").stdout.split()
+        assert [copy.rsplit("/", 1)[1] for copy in copies] == ["cycler-99.1.dist-info"]
+        # ...and pip uninstall of it brings the image's version back, in SSH and in a kernel.
+        ssh(second, ssh_key[0], "pip uninstall --yes cycler", timeout=120)
+        assert ssh(second, ssh_key[0], f"python -c '{CYCLER_VERSION}'").stdout.strip() == image_version
+        assert execute(second, CYCLER_VERSION).strip() == image_version
+        doctor = ssh(second, ssh_key[0], "torchlab doctor --data /nonexistent", check=False).stdout
+        assert "none shadows one of the image's" in doctor
     finally:
         containers.remove_all()
         docker("volume", "rm", "-f", volume, check=False)
