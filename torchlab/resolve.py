@@ -91,16 +91,12 @@ def resolve(flags, processes, tuning=False):
     lr = flags.lr
     if lr is None:
         lr = (0.1 if flags.optimizer == "sgd" else 0.001) * flags.batch_size * processes.world_size / 256
-    return dataclasses.replace(
+    return with_plan(
         flags,
+        choice,
         device=device,
         resume_path=resolve_resume(flags.resume, flags.run_dir),
-        workers=choice.workers,
-        prefetch_factor=choice.prefetch_factor,
-        jpeg_draft=choice.jpeg_draft,
         decode=choice.decode,
-        loader=choice.backend,
-        autotuned=choice.autotuned,
         asked_loader=dataclasses.asdict(asked),
         pin_memory=on_cuda if flags.pin_memory is None else flags.pin_memory,
         lr=lr,
@@ -140,17 +136,20 @@ def resolve_loader(cfg, index, processes_on_machine=1):
     one_batch_bytes = loader.dataset_batch_bytes(dataset, cfg.batch_size)
     on_cuda = cfg.device.startswith("cuda")
     used = plan.resolve_plan(asked, tuned, one_batch_bytes, processes_on_machine, on_cuda, cfg.decode)
-    cfg = dataclasses.replace(
+    return with_plan(cfg, used, pin_memory=used.pin_memory, loader_plan=used.record()), used
+
+
+def with_plan(cfg, choice, **fields):
+    """cfg with the loader fields of `choice` (a plan.LoaderPlan), and `fields`."""
+    return dataclasses.replace(
         cfg,
-        loader=used.backend,
-        workers=used.workers,
-        prefetch_factor=used.prefetch_factor,
-        jpeg_draft=used.jpeg_draft,
-        pin_memory=used.pin_memory,
-        autotuned=used.autotuned,
-        loader_plan=used.record(),
+        loader=choice.backend,
+        workers=choice.workers,
+        prefetch_factor=choice.prefetch_factor,
+        jpeg_draft=choice.jpeg_draft,
+        autotuned=choice.autotuned,
+        **fields,
     )
-    return cfg, used
 
 
 def loader_settings(cfg, processes_on_machine=1):
