@@ -184,7 +184,9 @@ COPY image/start/ /usr/local/lib/torchlab/start/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 
 EXPOSE 8888 2222
-WORKDIR /workspace
+# Root's `docker exec` starts here, where the user can write nothing: in /workspace, `python -c` or `-m` would
+# import the user's files first. The entrypoint runs a command Docker starts here in /workspace.
+WORKDIR /
 # Probed every 3 s, as docker-stacks' images are: "healthy" follows the services within seconds.
 HEALTHCHECK --interval=3s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/usr/local/bin/torchlab-healthcheck"]

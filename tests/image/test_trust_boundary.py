@@ -270,7 +270,8 @@ def test_a_given_token_is_in_no_environment_but_jupyters(containers, ssh_key, tm
 @pytest.mark.parametrize("mode", MODES)
 def test_nothing_the_user_can_write_runs_as_root(containers, ssh_key, tmp_path, mode):
     # The general case: a payload in every folder the user can write (commands of the start-up's names,
-    # sitecustomize, usercustomize and .pth files), appended to every shell and Python file it can write;
+    # sitecustomize, usercustomize and .pth files, and json.py, which `python -c 'import json'` imports from
+    # the current folder), appended to every shell and Python file it can write;
     # then a restart (root starts), the healthcheck and an admin's docker exec as root.
     container = start(containers, mode, ssh_key, tmp_path)
     folders = as_user(
@@ -289,14 +290,16 @@ def test_nothing_the_user_can_write_runs_as_root(containers, ssh_key, tmp_path, 
         ssh_key,
         f"""
         for dir in {' '.join(folders)}; do
-            for f in sitecustomize.py usercustomize.py zz-evil.pth; do printf %s {python_payload} >"$dir/$f"; done
+            for f in sitecustomize.py usercustomize.py zz-evil.pth json.py; do
+                printf %s {python_payload} >"$dir/$f"
+            done
         done 2>/dev/null
         find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type f -writable \\
             \\( -name '*.sh' -o -name '*rc' -o -name '*profile' \\) -print 2>/dev/null |
             while read -r f; do printf %s {shell_line} >>"$f"; done
         true""",
     )
-    as_user(container, ssh_key, "python -c 1; bash -lc true")
+    as_user(container, ssh_key, "python -c 1; bash -lc true; cd /workspace && python -c 'import json'")
     assert evidence(container), "no payload ran even for the user"
     root_ways_in(container)
     if mode == "root":
