@@ -47,8 +47,9 @@ COPY locks/ /tmp/torchlab/locks/
 # comes before the image's packages on sys.path, and pip, as the user, installs over a shipped package there
 # and uninstalls it again, which pip refuses in a venv for anything outside it (pypa/pip#5176).
 # Debian's Python when the base has none, with its headers (torch.compile builds against them), python3-venv
-# for the user's own venvs, and pip from Debian's wheel. EXTERNALLY-MANAGED goes: this Python is the image's
-# env, and pip, not apt, manages its packages.
+# for the user's own venvs, and pip from Debian's wheel, by name (pip freeze then says pip==, not the wheel's
+# path) and run as /opt/env/bin/python (the scripts' shebangs). EXTERNALLY-MANAGED goes: this Python is the
+# image's env, and pip, not apt, manages its packages.
 # hadolint ignore=DL3008
 RUN if ! command -v python3 >/dev/null; then \
         apt-get update \
@@ -56,15 +57,16 @@ RUN if ! command -v python3 >/dev/null; then \
      && rm -rf /var/lib/apt/lists/*; \
     fi \
  && rm -f "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')/EXTERNALLY-MANAGED" \
- && if ! python3 -m pip --version >/dev/null 2>&1; then \
-        wheel=$(echo /usr/share/python-wheels/pip-*.whl) \
-     && PIP_ROOT_USER_ACTION=ignore python3 "$wheel/pip" install --no-index --no-cache-dir "$wheel"; \
-    fi \
  && prefix=$(python3 -c 'import sysconfig; print(sysconfig.get_path("data"))') \
  && for name in python python3; do \
         [ -e "$prefix/bin/$name" ] || ln -s "$(command -v python3)" "$prefix/bin/$name"; \
     done \
- && ln -s "$prefix" /opt/env
+ && ln -s "$prefix" /opt/env \
+ && if ! /opt/env/bin/python -m pip --version >/dev/null 2>&1; then \
+        wheel=$(echo /usr/share/python-wheels/pip-*.whl) \
+     && PIP_ROOT_USER_ACTION=ignore /opt/env/bin/python "$wheel/pip" install --no-index --no-cache-dir \
+            --find-links "$(dirname "$wheel")" pip; \
+    fi
 RUN --mount=type=secret,id=ca_bundle \
     --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -f /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
