@@ -41,10 +41,11 @@ def get_json(url):
 
 @pytest.fixture(scope="module")
 def trained(module_containers):
-    """A container whose default run dir holds a short train.py run."""
+    """A container whose default run dir holds a short train.py run (made in /workspace, as a session would:
+    docker exec starts in /, the WORKDIR)."""
     container = module_containers.run(env={"JUPYTER_TOKEN": TOKEN})
     container.exec("sh", "-c", SAMPLE_DATA, user="jovyan")
-    container.exec("sh", "-c", SHORT_RUN, user="jovyan")
+    container.exec("sh", "-c", f"cd /workspace && {SHORT_RUN}", user="jovyan")
     return container
 
 
