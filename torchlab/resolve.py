@@ -96,9 +96,7 @@ def resolve(flags, processes, tuning=False):
         choice,
         device=device,
         resume_path=resolve_resume(flags.resume, flags.run_dir),
-        decode=choice.decode,
         asked_loader=dataclasses.asdict(asked),
-        pin_memory=on_cuda if flags.pin_memory is None else flags.pin_memory,
         lr=lr,
         amp=amp,
     )
@@ -136,7 +134,7 @@ def resolve_loader(cfg, index, processes_on_machine=1):
     one_batch_bytes = loader.dataset_batch_bytes(dataset, cfg.batch_size)
     on_cuda = cfg.device.startswith("cuda")
     used = plan.resolve_plan(asked, tuned, one_batch_bytes, processes_on_machine, on_cuda, cfg.decode)
-    return with_plan(cfg, used, pin_memory=used.pin_memory, loader_plan=used.record()), used
+    return with_plan(cfg, used, loader_plan=used.record()), used
 
 
 def with_plan(cfg, choice, **fields):
@@ -147,6 +145,8 @@ def with_plan(cfg, choice, **fields):
         workers=choice.workers,
         prefetch_factor=choice.prefetch_factor,
         jpeg_draft=choice.jpeg_draft,
+        decode=choice.decode,
+        pin_memory=choice.pin_memory,
         autotuned=choice.autotuned,
         **fields,
     )

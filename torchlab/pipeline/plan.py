@@ -97,8 +97,9 @@ def tuned_reason(tuned):
 
 
 def planned_workers(asked_workers, tuned, cpus, processes_on_machine, reasons):
-    """--workers as given, else the saved setting's (`tuned`; None: none), else one per usable CPU of this
-    process's share, at most MAX_AUTO_WORKERS; the reason goes into `reasons` where it was not given."""
+    """--workers as given, else the saved setting's (`tuned`, which only --workers auto uses; None: none), else
+    one per usable CPU of this process's share, at most MAX_AUTO_WORKERS; the reason goes into `reasons` where
+    it was not given."""
     if asked_workers != "auto":
         return asked_workers
     if tuned is not None:
@@ -125,7 +126,7 @@ def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_mach
     Raises loader.SharedMemoryError where --loader processes cannot fit one worker's batches."""
     reasons = {}
     use_tuned = tuned is not None and asked.workers == "auto"
-    workers = planned_workers(asked.workers, tuned if use_tuned else None, cpus, processes_on_machine, reasons)
+    workers = planned_workers(asked.workers, tuned, cpus, processes_on_machine, reasons)
 
     def processes_fit(prefetch):
         """loader.fit_shared_memory for worker processes, and the words for not fitting."""
