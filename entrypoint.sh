@@ -107,6 +107,6 @@ export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
 run_hooks /usr/local/bin/before-notebook.d
 # No command: sshd and Jupyter, until the container stops (supervise_services exits).
 [ $# -gt 0 ] || supervise_services
-# A command runs in the working directory given with -w, or in /workspace for the image's own (/, the WORKDIR).
+# A command runs where -w puts it; in the WORKDIR, /, it runs in /workspace (root's docker exec alone stays in /).
 [ "$PWD" != / ] || cd /workspace
 exec "${as_user[@]}" "$@"
