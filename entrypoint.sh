@@ -51,6 +51,7 @@ user_env=()         # what the user's processes get on top of the container's en
                     # add_passwd_entry, make_as_user)
 home_dir=           # the user's home (set_up_account, skip_what_needs_root)
 as_user=()          # the prefix that runs a command as the user: the one privilege drop (make_as_user)
+as_user_system=()   # the same, with the system's PATH and no user site: the image's own steps (make_as_user)
 jupyter_auth=()     # the variables of Jupyter's auth, for its environment alone (choose_jupyter_auth)
 token_generated=no  # yes when Jupyter's token is random, and so printed (choose_jupyter_auth)
 

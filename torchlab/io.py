@@ -5,7 +5,7 @@ atomic_write writes to a hidden temporary file in the same folder, flushes and f
 final name (os.replace: atomic on POSIX) and fsyncs the folder, so that the rename survives a power cut. A
 crash leaves at most a stale temporary file (.NAME.PID.tmp), which remove_stale_temp_files deletes.
 publish_folder does the same for a generated folder (sample data, benchmark data): built beside its final
-name, marked complete, renamed into place.
+name (or inside it, where it is an empty folder already), marked complete, renamed into place.
 """
 
 import contextlib
@@ -101,15 +101,18 @@ def remove_stale_temp_files(directory):
 
 
 def publish_folder(out_dir, write_into, settings):
-    """Run write_into(folder) on a hidden folder beside `out_dir`, mark it complete, rename it to `out_dir`.
+    """Run write_into(folder) on a hidden folder, mark it complete, and move it to `out_dir`: renamed into place
+    beside it, or, where `out_dir` is an existing empty folder (a mount point, whose parent may be read-only and
+    which no rename can replace), made inside it and its entries renamed up, the marker last.
 
     Returns False, writing nothing, when `out_dir` is already a complete set (of any settings).
     """
     if os.path.exists(os.path.join(out_dir, COMPLETE_MARKER)):
         return False
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
+    in_place = os.path.isdir(out_dir)
+    if in_place and os.listdir(out_dir):
         raise FileExistsError(f"{out_dir} exists and is not a generated data set: not overwriting it")
-    parent = os.path.dirname(os.path.abspath(out_dir))
+    parent = out_dir if in_place else os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     temp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
     try:
@@ -117,9 +120,14 @@ def publish_folder(out_dir, write_into, settings):
         write_into(temp_dir)
         with open(os.path.join(temp_dir, COMPLETE_MARKER), "w") as marker:
             json.dump(settings, marker)
-        os.rename(temp_dir, out_dir)  # atomic; replaces an empty folder (a fresh mount point), nothing else
+        if not in_place:
+            os.rename(temp_dir, out_dir)  # atomic
+            return True
+        for name in sorted(os.listdir(temp_dir), key=lambda name: name == COMPLETE_MARKER):
+            os.rename(os.path.join(temp_dir, name), os.path.join(out_dir, name))
+        os.rmdir(temp_dir)
     except BaseException:
-        shutil.rmtree(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
         raise
     return True
 
@@ -129,7 +137,9 @@ def report_published(prog, out_dir, write):
     would go, or a parent folder this user cannot write in, is one line and exit 2, before write() starts."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         exit_with_error(prog, unwritable_reason(out_dir))
-    writable_folder(prog, os.path.dirname(os.path.abspath(out_dir)), out_dir)
+    if not os.path.exists(os.path.join(out_dir, COMPLETE_MARKER)):
+        # Where publish_folder writes: in an existing folder, else beside it.
+        writable_folder(prog, out_dir if os.path.isdir(out_dir) else os.path.dirname(os.path.abspath(out_dir)), out_dir)
     try:
         written = write()
     except FileExistsError as error:

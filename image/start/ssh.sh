@@ -34,7 +34,7 @@ configure_sshd() {
 }
 
 # Writes SSH_PUBLIC_KEY's keys as NB_USER's in /run/torchlab/authorized_keys (sshd's
-# AuthorizedKeysFile, beside the home's own). Reads as_user and home_dir.
+# AuthorizedKeysFile, beside the home's own). Reads as_user_system and home_dir.
 authorize_keys() {
     local keys=/run/torchlab/authorized_keys/$NB_USER
     if [ -n "$SSH_PUBLIC_KEY" ]; then
@@ -43,7 +43,7 @@ authorize_keys() {
         log "SSH: $(grep -c '^[^#[:space:]]' "$keys") public key(s) for $NB_USER"
     else
         rm -f "$keys"
-        "${as_user[@]}" test -s "$home_dir/.ssh/authorized_keys" ||
+        "${as_user_system[@]}" /usr/bin/test -s "$home_dir/.ssh/authorized_keys" ||
             log "SSH: no public key given, so nobody can log in yet: run with -e SSH_PUBLIC_KEY=\"\$(cat ~/.ssh/id_ed25519.pub)\", or mount a file as $home_dir/.ssh/authorized_keys"
     fi
 }

@@ -66,27 +66,31 @@ start_sshd() {
 
 # Notebook 7 and JupyterLab are one server either way (/tree and /lab); JUPYTER_UI picks what / opens.
 # Under a hub, the hub's URL (ip, port, prefix) and auth win over jupyter_server_config.py; the
-# hub admin's c.Spawner.default_url wins over JUPYTER_UI. Reads as_user, jupyter_auth and jupyter_args;
-# sets jupyter_pid.
+# hub admin's c.Spawner.default_url wins over JUPYTER_UI. The server is the image's, by its path, and its
+# Python skips the user site (-s, which its kernels and terminals do not inherit): a `jupyter` or .pth file
+# the user planted cannot stop it from starting, while notebooks import what the user installed. Reads
+# as_user, jupyter_auth and jupyter_args; sets jupyter_pid.
 start_jupyter() {
-    local command
+    local program options=() shown
     if spawned_by_hub; then
-        command=(jupyterhub-singleuser)
-        [ -n "${JUPYTERHUB_DEFAULT_URL:-}" ] || command+=(--ServerApp.default_url="$(ui_path)")
+        program=jupyterhub-singleuser
+        [ -n "${JUPYTERHUB_DEFAULT_URL:-}" ] || options+=(--ServerApp.default_url="$(ui_path)")
     else
-        command=(jupyter "$JUPYTER_UI" --ServerApp.port="$JUPYTER_PORT")
+        program=jupyter-$JUPYTER_UI
+        options+=(--ServerApp.port="$JUPYTER_PORT")
     fi
-    log "Executing: ${command[*]}"  # as docker-stacks' start-notebook.py says it; the options given are left out
-    command+=("${jupyter_args[@]}")
-    "${as_user[@]}" "${jupyter_auth[@]}" "${command[@]}" &
+    shown=("${program/#jupyter-/jupyter }" "${options[@]}")
+    log "Executing: ${shown[*]}"  # as docker-stacks' start-notebook.py says it; the options given are left out
+    "${as_user[@]}" "${jupyter_auth[@]}" /opt/env/bin/python -s "/opt/env/bin/$program" "${options[@]}" "${jupyter_args[@]}" &
     jupyter_pid=$!
 }
 
 # The doctor's report in the start log; in the background, as importing torch and counting a
-# large /data take a while. Reads as_user.
+# large /data take a while. It reports the image's packages: the user's own (which it would import) are
+# reported by `torchlab doctor` in a session. Reads as_user_system.
 start_doctor() {
     [ "$DOCTOR_AT_START" = yes ] || return 0
-    "${as_user[@]}" torchlab doctor 2>&1 | while IFS= read -r line; do log "doctor: $line"; done &
+    "${as_user_system[@]}" /opt/env/bin/torchlab doctor 2>&1 | while IFS= read -r line; do log "doctor: $line"; done &
 }
 
 # The start log's last lines: how to log in. Reads token_generated (a random token is shown).

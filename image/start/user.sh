@@ -212,7 +212,9 @@ skip_what_needs_root() {  # GIVEN_UID GIVEN_GID
 
 # The one privilege drop. Sets as_user, the prefix that runs a command as NB_USER in the user's
 # environment: the container's, with user_env (what the root phase left out, and the user's folders)
-# back in, less JUPYTER_ENV_VARS_TO_UNSET's names; HOME is home_dir.
+# back in, less JUPYTER_ENV_VARS_TO_UNSET's names; HOME is home_dir. And as_user_system, the same with
+# the system's PATH and no user site, for the image's own steps: a program the user left on their PATH
+# (or a .pth file) never runs, and so never hangs, before the services are up.
 make_as_user() {
     local name names
     user_env+=("PYTHONUSERBASE=${PYTHONUSERBASE:-$USER_BASE}" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-/workspace/.conda/envs}"
@@ -221,16 +223,17 @@ make_as_user() {
     IFS=, read -ra names <<<"$JUPYTER_ENV_VARS_TO_UNSET"
     for name in "${names[@]}"; do as_user+=(-u "$name"); done
     as_user+=("${user_env[@]}" HOME="$home_dir" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash)
-    root_start || return 0
-    as_user=(setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups "${as_user[@]}")
+    ! root_start || as_user=(setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups "${as_user[@]}")
+    as_user_system=("${as_user[@]}" PATH="$ROOT_PATH" PYTHONNOUSERSITE=1)
 }
 
-# What the image brings for the user, added as the user (as_user) and only where nothing is: a user's
-# files are never overwritten. The notebooks go to /workspace (Jupyter's root); `python train.py` works
-# in the SSH login directory (home_dir).
+# What the image brings for the user, added as the user (as_user_system) and only where nothing is: a
+# user's files are never overwritten. The notebooks go to /workspace (Jupyter's root); `python train.py`
+# works in the SSH login directory (home_dir); ~/.local is the user site on the volume, so that a process
+# that gets no PYTHONUSERBASE (`docker exec -u USER`) installs and imports there too.
 offer_image_files() {
-    local point top
-    if ! "${as_user[@]}" sh -c '[ ! -d /workspace ] || [ -e /workspace/notebooks ] || cp -r /opt/torchlab/notebooks /workspace/notebooks' 2>/dev/null; then
+    local point top base=${PYTHONUSERBASE:-$USER_BASE}
+    if ! "${as_user_system[@]}" /bin/sh -c '[ ! -d /workspace ] || [ -e /workspace/notebooks ] || cp -r /opt/torchlab/notebooks /workspace/notebooks' 2>/dev/null; then
         # A user start that can write nowhere has been told so already.
         if root_start || [ -w "$home_dir" ] || [ -w /workspace ]; then
             warn "could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
@@ -243,9 +246,13 @@ offer_image_files() {
     while IFS= read -r point; do
         [ "$point" != "$home_dir" ] || continue
         top=${point#"$home_dir"/} && top=${top%%/*}
-        "${as_user[@]}" sh -c '[ ! -d /workspace ] || [ -e "/workspace/$1" ] || [ -L "/workspace/$1" ] || ln -s "$2" "/workspace/$1"' \
+        "${as_user_system[@]}" /bin/sh -c '[ ! -d /workspace ] || [ -e "/workspace/$1" ] || [ -L "/workspace/$1" ] || ln -s "$2" "/workspace/$1"' \
             - "$top" "$home_dir/$top" 2>/dev/null || true
     done < <(mounts_under "$home_dir" | sort -u)
     # shellcheck disable=SC2016  # $1 is the inner shell's
-    "${as_user[@]}" sh -c '[ -e "$1" ] || [ -L "$1" ] || ln -s /opt/torchlab/train.py "$1"' - "$home_dir/train.py" 2>/dev/null || true
+    # shellcheck disable=SC2016  # $1 and $2 are the inner shell's
+    "${as_user_system[@]}" /bin/sh -c '[ -e "$1" ] || [ -L "$1" ] || ln -s /opt/torchlab/train.py "$1"' - "$home_dir/train.py" 2>/dev/null || true
+    # shellcheck disable=SC2016
+    [ "$home_dir/.local" = "$base" ] || "${as_user_system[@]}" /bin/sh -c \
+        '[ -e "$1" ] || [ -L "$1" ] || { mkdir -p "$2" && ln -s "$2" "$1"; }' - "$home_dir/.local" "$base" 2>/dev/null || true
 }

@@ -128,3 +128,35 @@ def test_group_users_lets_any_uid_save_in_workspace():
     groups, notebook = result.stdout.split("\n")[:2]
     assert "users" in groups.split() and notebook.endswith(".ipynb"), result.stdout
     assert not start_log(result.stderr, "WARNING"), result.stderr
+
+
+def test_sample_data_fills_an_existing_empty_mount(tmp_path):
+    # `torchlab sample-data /out` into an empty mount of the user's failed, naming `/` (its parent) as unwritable.
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chown(out, 1000, 100)
+    run = ["run", "--rm", "--user", "1000:100", "-v", f"{out}:/out", "--entrypoint", "torchlab", IMAGE]
+    result = docker(*run, "sample-data", "/out", "--per-class", "2", "--val-per-class", "1", check=False)
+    assert result.returncode == 0 and result.stdout.strip() == "wrote /out", result.stderr
+    assert sorted(path.name for path in out.iterdir()) == [".sample-data.json", "train", "val"]
+    assert len(list((out / "train").glob("*/*.JPEG"))) == 8
+    again = docker(*run, "sample-data", "/out", check=False)
+    assert again.stdout.strip() == "already complete: /out"
+    empty = tmp_path / "read-only"
+    empty.mkdir(mode=0o555)
+    refused = docker(
+        "run",
+        "--rm",
+        "--user",
+        "1000:100",
+        "-v",
+        f"{empty}:/ro",
+        "--entrypoint",
+        "torchlab",
+        IMAGE,
+        "sample-data",
+        "/ro",
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == "torchlab sample-data: error: /ro: /ro is not a folder that UID 1000 can write in"

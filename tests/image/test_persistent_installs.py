@@ -104,3 +104,52 @@ def test_a_package_the_image_ships_can_be_changed_by_the_user(containers, ssh_ke
     finally:
         containers.remove_all()
         docker("volume", "rm", "-f", volume, check=False)
+
+
+def in_kernel(container, command):
+    """A shell command run from a notebook's kernel, as `!command` would; its output."""
+    run = f"subprocess.run({command!r}, shell=True, capture_output=True, text=True, check=True)"
+    return execute(container, f"import subprocess; print({run}.stdout)")
+
+
+# Each way in, and how it runs a command as the user: SSH, a Jupyter kernel, and an admin's `docker exec -u`,
+# plain and through a login shell. Only SSH, the kernel and the login shell get PYTHONUSERBASE; the plain exec
+# finds the volume through ~/.local.
+WAYS_IN = {
+    "ssh": lambda container, key, command: ssh(container, key[0], command, timeout=120).stdout,
+    "kernel": lambda container, key, command: in_kernel(container, command),
+    "docker exec -u": lambda container, key, command: container.exec("sh", "-c", command, user="jovyan").stdout,
+    "docker exec -u, bash -l": lambda container, key, command: container.exec(
+        "bash", "-lc", command, user="jovyan"
+    ).stdout,
+}
+
+
+def test_the_user_site_is_on_the_volume_whichever_way_the_user_gets_in(containers, ssh_key, tmp_path):
+    volume = "torchlab-test-work-" + uuid.uuid4().hex[:8]
+    env = {"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]}
+    # cycler 0.11.0 over the image's own cycler (the reported case: docker exec -u), a new package each other way.
+    wheels = {way: build_wheel(tmp_path, f"probe_{index}", way) for index, way in enumerate(WAYS_IN)}
+    wheels["docker exec -u"] = build_wheel(tmp_path, "cycler", "docker exec -u", version="0.11.0")
+    try:
+        first = containers.run("-v", f"{volume}:/workspace", env=env)
+        for way, wheel in wheels.items():
+            docker("cp", str(wheel), f"{first.name}:/tmp/")
+            WAYS_IN[way](
+                first, ssh_key, f"python -m pip install --user --no-index --no-warn-script-location /tmp/{wheel.name}"
+            )
+        docker("rm", "-f", first.name)
+
+        second = containers.run("-v", f"{volume}:/workspace", env=env)
+        names = ", ".join(wheel.name.split("-")[0] for wheel in wheels.values())
+        probe = f"import os, {names}; print(*[os.path.realpath(m.__file__) for m in ({names})], sep=chr(10))"
+        for way, run in WAYS_IN.items():
+            found = run(second, ssh_key, f'python -c "{probe}"').split()
+            assert len(found) == len(wheels) and all(path.startswith("/workspace/.local/lib/") for path in found), (
+                way,
+                found,
+            )
+        assert run(second, ssh_key, "python -c 'import cycler; print(cycler.VALUE)'").strip() == "docker exec -u"
+    finally:
+        containers.remove_all()
+        docker("volume", "rm", "-f", volume, check=False)

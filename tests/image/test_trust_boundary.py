@@ -39,6 +39,14 @@ PTH_LINE = (
     f"open('{EVIDENCE}/pth-%d' % os.getpid(), 'w').write('%d\\n' % os.getuid())\n"
 )
 SHELL_LINE = f"\n/usr/bin/mkdir -p {EVIDENCE} 2>/dev/null; /usr/bin/id -u >>{EVIDENCE}/sourced\n"
+# The reported hang: a program of the start's names that records its run, then never returns.
+HANGING_PROGRAM = f"""#!/bin/sh
+/usr/bin/mkdir -p -m 1777 {EVIDENCE} 2>/dev/null
+/usr/bin/id -u >>{EVIDENCE}/hung-"${{0##*/}}"
+exec /usr/bin/sleep infinity
+"""
+HANGING_PTH = f"import os, time; {PTH_LINE.strip()}; time.sleep(86400)\n"
+HANGING_NAMES = "sh test env bash ln cp id python torchlab jupyter".split()
 # What an admin types, as root: each must run nothing of the user's.
 ROOT_EXECS = [
     ["ps"],
@@ -225,11 +233,10 @@ def test_no_secret_is_readable_by_the_user(containers, ssh_key, tmp_path, mode):
     # Docker runs the healthcheck (as `docker exec`) with the container's configured environment, and as
     # the user in a start without root: the start warns of that below; here the probe is left out.
     container = start(containers, mode, ssh_key, tmp_path, env=env, args=("--no-healthcheck",))
+    # In every mode, as an admin's `docker exec -u jovyan` hands the container's environment to the user.
     warnings = [line for line in start_log(container.logs(), "WARNING") if "docker exec" in line]
-    if mode == "root":
-        assert not warnings
-    else:
-        assert len(warnings) == 1 and "JUPYTER_PASSWORD HF_TOKEN WANDB_API_KEY" in warnings[0], container.logs()
+    assert len(warnings) == 1 and "JUPYTER_PASSWORD HF_TOKEN WANDB_API_KEY" in warnings[0], container.logs()
+    assert "JUPYTER_PASSWORD_FILE" in warnings[0] and ("runuser -l jovyan" in warnings[0]) == (mode == "root")
     key_body = ssh_key[1].split()[1]
     dump = as_user(
         container,
@@ -245,6 +252,25 @@ def test_no_secret_is_readable_by_the_user(containers, ssh_key, tmp_path, mode):
     # The key may be in authorized_keys (a public key), but in no process's environment.
     environs = as_user(container, ssh_key, "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; true")
     assert key_body not in environs and "SSH_PUBLIC_KEY" not in environs
+
+
+def test_the_documented_exec_as_the_user_hands_over_no_secret(containers, ssh_key, tmp_path):
+    # An admin's `docker exec -u jovyan` gives the user the operator's -e secrets (Docker passes the container's
+    # environment to every exec); docs/security.md recommends `runuser -l`, which starts the user's side without it.
+    env = {**SECRETS, "JUPYTER_ENV_VARS_TO_UNSET": "HF_TOKEN,WANDB_API_KEY", "JUPYTER_TOKEN": ""}
+    container = start(containers, "root", ssh_key, tmp_path, env=env, args=("--no-healthcheck",))
+    plain = container.exec("sh", "-c", "tr '\\0' '\\n' </proc/self/environ", user="jovyan").stdout
+    assert SECRETS["JUPYTER_PASSWORD"] in plain  # what the warning is about
+    probe = "id -u; pwd; tr '\\0' '\\n' </proc/self/environ; python -c 'import site; print(site.getusersitepackages())'"
+    out = container.exec("runuser", "-l", "jovyan", "-c", probe).stdout
+    assert out.split()[:2] == ["1000", "/home/jovyan"] and "/workspace/.local/lib/" in out, out
+    # A session of that form, running, as a watcher loop of the user's sees it.
+    docker("exec", "-d", container.name, "runuser", "-l", "jovyan", "-c", "exec sleep 60")
+    wait_for(lambda: container.exec("pgrep", "-u", "jovyan", "-x", "sleep", check=False).stdout, 30, "the session")
+    dump = as_user(container, ssh_key, "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; true")
+    assert "PYTHONUSERBASE=/workspace/.local" in dump  # the watcher did read the user's processes
+    for name, value in SECRETS.items():
+        assert value not in out and value not in dump, f"{name} reached the user"
 
 
 @pytest.mark.parametrize("mode", USER_MODES)
@@ -305,3 +331,46 @@ def test_nothing_the_user_can_write_runs_as_root(containers, ssh_key, tmp_path, 
     if mode == "root":
         restart(container, mode)
     assert not ran_as_root(container), ran_as_root(container)
+
+
+@pytest.mark.parametrize("mode", MODES[:3])
+def test_a_restart_runs_nothing_the_user_planted(containers, ssh_key, tmp_path, mode):
+    # Round two: a `sh` on the user's PATH that hangs left every restart at "health: starting", with no way in.
+    # The start may run no program of the user's before the services are up, as root or as the user.
+    container = start(containers, mode, ssh_key, tmp_path)
+    site = as_user(container, ssh_key, "python -c 'import site; print(site.getusersitepackages())'").strip()
+    home = as_user(container, ssh_key, 'echo "$HOME"').strip()
+    program = shlex.quote(HANGING_PROGRAM)
+    as_user(
+        container,
+        ssh_key,
+        f"""
+        for dir in /workspace/.local/bin "$HOME/bin"; do
+            mkdir -p "$dir" && for name in {" ".join(HANGING_NAMES)}; do
+                printf %s {program} >"$dir/$name" && chmod 755 "$dir/$name"
+            done
+        done
+        mkdir -p {site} && printf %s {shlex.quote(HANGING_PTH)} >{site}/zz-hang.pth""",
+    )
+    docker("restart", "-t", "10", container.name, timeout=60)
+    container.wait_ready()
+    wait_for(lambda: container.state()["Health"]["Status"] == "healthy", 60, "a healthy container", container.logs)
+    assert not evidence(container), f"planted programs ran at the start: {evidence(container)}"
+    # The planted files are live: the user's own processes do run them.
+    user = "1000" if mode == "root" else mode.split(":")[0]
+    for program in (f"{home}/bin/id", "/workspace/.local/bin/sh"):
+        container.exec("/usr/bin/timeout", "5", program, user=user, check=False)
+    container.exec(
+        "/usr/bin/timeout",
+        "5",
+        "env",
+        f"PYTHONUSERBASE={site.split('/lib/')[0]}",
+        "python",
+        "-c",
+        "1",
+        user=user,
+        check=False,
+    )
+    assert set(evidence(container)) >= {"hung-id", "hung-sh"} and any(
+        name.startswith("pth-") for name in evidence(container)
+    ), evidence(container)
