@@ -113,12 +113,12 @@ no_link_in_path() {
 # start without root every exec and the probe run as the user. One WARNING, in every start mode, names
 # them and what to do instead. Reads secrets_in_environment (hand_off's names of those given with -e).
 warn_of_secrets_in_the_environment() {
-    local names=${secrets_in_environment:-} instead
-    [ -n "$names" ] || return 0
+    local given=${secrets_in_environment:-} instead
+    [ -n "$given" ] || return 0
     instead="give JUPYTER_PASSWORD as JUPYTER_PASSWORD_FILE and the others as mounted files"
     if root_start; then
-        warn "$names came in the container's environment, which Docker gives to every docker exec: docker exec -u $NB_USER hands them to the user (/proc/PID/environ); $instead, and run commands as the user with docker exec CONTAINER runuser -l $NB_USER -c 'COMMAND', which starts them without it"
+        warn "$given came in the container's environment, which Docker gives to every docker exec: docker exec -u $NB_USER hands them to the user (/proc/PID/environ); $instead, and run commands as the user with docker exec CONTAINER runuser -l $NB_USER -c 'COMMAND', which starts them without it"
     else
-        warn "$names came in the container's environment: in a start without root, docker exec and the healthcheck run as UID $(id -u) with it, so the user can read them there; $instead (which the user can read too: nothing is hidden from the UID that runs everything), or start as root"
+        warn "$given came in the container's environment: in a start without root, docker exec and the healthcheck run as UID $(id -u) with it, so the user can read them there; $instead (which the user can read too: nothing is hidden from the UID that runs everything), or start as root"
     fi
 }
