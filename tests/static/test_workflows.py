@@ -101,6 +101,14 @@ def test_the_ci_matrix_builds_every_env_source_with_ci_run():
     assert matrix_problems(load("ci.yml"), env_sources()) == []
 
 
+def test_ci_uploads_the_reports_make_writes():
+    test = load("ci.yml")["jobs"]["test"]
+    upload = next(s for s in test["steps"] if "upload-artifact" in s.get("uses", ""))
+    assert upload["if"] == "always()"
+    assert f"{test['env']['REPORTS']}/" in upload["with"]["path"].split()
+    assert "$(call junit,static)" in MAKEFILE and "$(call junit,image)" in MAKEFILE
+
+
 def test_a_dropped_matrix_entry_is_caught():
     ci = load("ci.yml")
     ci["jobs"]["test"]["strategy"]["matrix"]["env_source"].remove("pypi")
@@ -284,5 +292,6 @@ def test_the_release_and_ci_schedules_rebuild_weekly():
         (schedule,) = triggers(load(name))["schedule"]
         minute, hour, day, month, weekday = schedule["cron"].split()
         assert (day, month, weekday) == ("*", "*", "1"), f"{name}: {schedule['cron']} is not once a week"
-    ci_flags = load("ci.yml")["jobs"]["test"]["steps"][-2]["env"]["TORCHLAB_BUILD_FLAGS"]
+    ci_run = next(s for s in load("ci.yml")["jobs"]["test"]["steps"] if s.get("name") == "bash .ci/run")
+    ci_flags = ci_run["env"]["TORCHLAB_BUILD_FLAGS"]
     assert "github.event_name != 'schedule' && format('--cache-from" in ci_flags
