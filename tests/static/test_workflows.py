@@ -225,6 +225,19 @@ def test_the_scan_ignores_exactly_the_advisories_security_md_lists():
     assert "--ignorefile /scan/trivyignore" in scan and "--exit-code 1" in scan
 
 
+def ids_outside_the_table(page):
+    """Advisory ids the page names but its table does not: tests/image/test_audit.py accepts an id named anywhere
+    on the page, the scan only the table's, so the two lists agree only while this is empty."""
+    listed = {i for _, ids in known_advisories.known_advisories(page) for i in ids}
+    return set(known_advisories.ADVISORY_ID.findall(page)) - listed
+
+
+def test_the_audit_and_the_scan_accept_the_same_advisories():
+    assert ids_outside_the_table(SECURITY) == set()
+    elsewhere = SECURITY.replace("## Licences\n", "## Licences\n\nCVE-2024-0001 does not apply here.\n")
+    assert ids_outside_the_table(elsewhere) == {"CVE-2024-0001"}
+
+
 @pytest.mark.parametrize(
     ("mutate", "error"),
     [
