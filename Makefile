@@ -14,6 +14,7 @@ STOP_SECONDS ?= 60## how long `make stop` waits for the container to exit (train
 JUPYTER_UI ?= notebook## what `make run`'s Jupyter URL opens: notebook (Notebook 7, /tree) or lab (JupyterLab, /lab)
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
+REPORTS ?=## folder for the test targets' JUnit XML reports (the hosted CI uploads them); empty = none
 BENCH_IMAGES ?= 2000## images generated (once, into .cache/bench) for `make bench`
 TRAIN_ARGS ?=## train.py flags of `make multinode`, e.g. "--arch resnet18 --epochs 1"
 
@@ -26,6 +27,8 @@ SHELL := /bin/bash
 , := ,
 VENV := .venv
 SAMPLE_DATA := .cache/sample-data
+# pytest's flag for a JUnit report named $(1) in REPORTS, or nothing.
+junit = $(if $(REPORTS),--junitxml=$(abspath $(REPORTS))/$(1).xml)
 JUPYTER_UI_PATH = $(if $(filter lab,$(JUPYTER_UI)),lab,tree)
 
 # The automatic values, each resolved the first time a recipe needs it, then kept for the rest of the run.
@@ -154,16 +157,18 @@ shell: ## a shell in a throwaway container, as the user
 	$(DOCKER_CLI) run --rm -it $(IMAGE) bash -l
 
 # The start's parts (image/start/) are checked as entrypoint.sh sources them, where what they share is declared.
-lint: $(VENV)/.done ## hadolint, shellcheck, ruff
+lint: $(VENV)/.done ## hadolint, shellcheck, ruff, the workflows against GitHub's schema
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck -x --check-sourced entrypoint.sh image/services/*.sh .ci/run buildtools/detect-build benchmarks/*.sh
+	$(VENV)/bin/shellcheck -x --check-sourced entrypoint.sh image/services/*.sh .ci/run buildtools/detect-build benchmarks/*.sh \
+		.github/ci/*
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 test: lint test-static build test-unit test-image ## lint, static checks, build, then every test against the image
 
 test-static: $(VENV)/.done ## checks that need no build: env pins, Dockerfile, k8s manifests, buildtools/detect-build
-	$(VENV)/bin/pytest tests/static
+	$(VENV)/bin/pytest tests/static $(call junit,static)
 
 test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside the image (on the sources in this folder)
 	$(DOCKER_CLI) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
@@ -172,7 +177,7 @@ test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside t
 		python -m pytest -p no:cacheprovider -m small_shm tests/unit
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
-	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) $(VENV)/bin/pytest -s tests/image
+	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) $(VENV)/bin/pytest -s tests/image $(call junit,image)
 
 export-env: ## write the built env (less torchlab itself) to LOCK_DIR/<what is inside>-<VERSION>.{conda.yml,pypi.txt}; commit it per release
 	@set -o pipefail; tag=$$($(INSIDE))-$(VERSION) && mkdir -p $(LOCK_DIR) && \
