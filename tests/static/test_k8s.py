@@ -342,3 +342,12 @@ def test_notebook_keeps_the_users_home_on_an_empty_claim_of_its_own():
     assert home_claim["metadata"]["name"] == claim_name
     assert home_claim["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert NOTEBOOK["metadata"]["name"] == main_container(POD_SPECS["notebook"])["name"] == notebook["name"]
+
+
+@pytest.mark.parametrize("path", CUSTOM)
+def test_the_docs_show_the_custom_resources_as_rendered(path):
+    """docs/deploying.md shows each Kubeflow manifest in full, as a YAML block headed `# k8s/<path>, as YAML`."""
+    docs = (ROOT / "docs/deploying.md").read_text()
+    shown = re.search(rf"```yaml\n# k8s/{re.escape(path)}, as YAML\n(.*?)```", docs, re.DOTALL)
+    assert shown, f"docs/deploying.md shows no k8s/{path}"
+    assert yaml.safe_load(shown.group(1)) == MANIFESTS[path], f"docs/deploying.md's k8s/{path} differs from k8s/"
