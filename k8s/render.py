@@ -318,9 +318,9 @@ def trainjob_manifests(values):
 def notebook_manifests(values):
     """A Kubeflow Notebook: the controller makes its StatefulSet and Service, adds port 8888 and sets NB_PREFIX
     (/notebook/<namespace>/<name>; a value given here would win, so none is). The user's files live in the
-    home folder, on an empty claim of their own."""
+    home folder, on an empty claim named as the dashboard names the one it makes for a new notebook."""
     notebook = values["kubeflow"]["notebook"]
-    home_claim = f"{notebook['name']}-home"
+    home_claim = f"{notebook['name']}-workspace"
     container = torchlab_container(
         values,
         notebook["name"],
