@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 
 def docker_mounts(data):
     """docker run options for the node container's volumeMounts: the data claim is the sample data, the other claim
-    (the runs) a named volume, an in-memory emptyDir a tmpfs of its sizeLimit. {volume name: docker volume}."""
+    (the runs) a new named volume, an in-memory emptyDir a tmpfs of its sizeLimit. Also {named volume: path}."""
     options, named = [], {}
     volumes = {volume["name"]: volume for volume in POD["volumes"]}
     for mount in NODE["volumeMounts"]:
@@ -51,8 +51,9 @@ def docker_mounts(data):
             assert mount["readOnly"] and source["persistentVolumeClaim"]["readOnly"]
             options += ["-v", f"{data}:{path}:ro"]
         else:
-            named[mount["name"]] = f"torchlab-test-{mount['name']}-{uuid.uuid4().hex[:8]}"
-            options += ["-v", f"{named[mount['name']]}:{path}"]
+            volume = f"torchlab-test-{mount['name']}-{uuid.uuid4().hex[:8]}"
+            named[volume] = path
+            options += ["-v", f"{volume}:{path}"]
     return options, named
 
 
@@ -75,7 +76,7 @@ class EmulatedTrainJob:
         self.network = f"torchlab-test-{uuid.uuid4().hex[:8]}"
         docker("network", "create", self.network)
         mounts, self.volumes = docker_mounts(data)
-        for volume in self.volumes.values():
+        for volume in self.volumes:
             self.give_to_fs_group(volume)
         self.nodes = [self.create_node(rank, mounts) for rank in range(NODES)]
 
@@ -103,15 +104,15 @@ class EmulatedTrainJob:
         return "\n".join(f"--- {node.name}\n{node.logs()}" for node in self.nodes)
 
     def runs(self, *command):
-        """command, run in the runs volume (as root: it only reads)."""
+        """command, run in the run directory on the job's volumes (as root: it only reads)."""
         entrypoint, *args = command
-        runs = ["-v", f"{self.volumes['runs']}:{Path(RUN_DIR).parent}"]
-        return docker("run", "--rm", *runs, "-w", RUN_DIR, "--entrypoint", entrypoint, IMAGE, *args).stdout
+        volumes = [arg for volume, path in self.volumes.items() for arg in ("-v", f"{volume}:{path}")]
+        return docker("run", "--rm", *volumes, "-w", RUN_DIR, "--entrypoint", entrypoint, IMAGE, *args).stdout
 
     def remove(self):
         for node in self.nodes:
             docker("rm", "-f", node.name, check=False)
-        for volume in self.volumes.values():
+        for volume in self.volumes:
             docker("volume", "rm", volume, check=False)
         docker("network", "rm", self.network, check=False)
 
@@ -142,7 +143,7 @@ def test_trainjob_trains_resumes_after_a_node_is_killed_and_keeps_one_run_direct
             raise AssertionError(f"node 0 ended before its first checkpoint:\n{trainjob.logs()}")
         return checkpoints(node0.exec("ls", RUN_DIR, check=False).stdout)
 
-    wait_for(first_checkpoint, JOB_TIMEOUT_S, "rank 0's first checkpoint", trainjob.logs)[0]
+    wait_for(first_checkpoint, JOB_TIMEOUT_S, "rank 0's first checkpoint", trainjob.logs)
     docker("kill", node1.name)
     wait_for(lambda: not node0.state()["Running"], FAILURE_TIMEOUT_S, "node 0 to fail", trainjob.logs)
     assert node0.state()["ExitCode"] != 0, "the job ended before a node was killed: make its epochs longer"
