@@ -305,7 +305,7 @@ def test_trainjob_runs_the_jobs_training_on_the_torch_runtime_with_the_operators
     assert "command" not in trainer  # the image's entrypoint runs args as the user
     env_names = {variable["name"] for variable in trainer.get("env", [])}
     assert not env_names & set(kubeflow.node_env(TRAINJOB, 0))  # the webhook refuses the operator's own names
-    # The same claim as the Indexed Job's, so either can resume the other's run.
+    # The same claim as the Indexed Job's.
     runs_mount = mounts_by_path(main_container(POD_SPECS["trainjob"]))[render.runs_path(VALUES)]
     runs_claim = volume(POD_SPECS["trainjob"], runs_mount["name"])["persistentVolumeClaim"]["claimName"]
     assert MANIFESTS["trainer/runs-claim.json"] == MANIFESTS["train/runs-claim.json"]
