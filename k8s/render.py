@@ -9,6 +9,10 @@ run directory. Both read /data from an existing claim (values' data_claim), read
 in-memory emptyDir, and start as the image's user with no capability (Pod Security "restricted"): the entrypoint
 then runs Jupyter and sshd as that user, and fsGroup gives each claim to its group.
 
+k8s/trainer/ and k8s/notebook/ are the same two for teams that run Kubeflow: train.py as a Kubeflow Trainer
+TrainJob on its torch-distributed runtime (the operator makes the pods, their DNS names and torchrun's PET_*
+variables), and the workstation as a Kubeflow Notebook (the controller makes the pod, its Service and NB_PREFIX).
+
 Each object is one JSON file (JSON is YAML; kubectl takes it), and the same values always give the same bytes:
 edit values.json and rerun this, never the rendered files (tests/static/test_k8s.py compares them).
 """
@@ -18,7 +22,9 @@ from pathlib import Path
 
 K8S_DIR = Path(__file__).resolve().parent
 VALUES_FILE = K8S_DIR / "values.json"
-OUTPUT_DIRS = ("dev", "train")
+OUTPUT_DIRS = ("dev", "train", "trainer", "notebook")
+# The torch-distributed runtime's replicated job and its container: runtimePatches name them.
+TRAINER_NODE = "node"
 
 
 def load_values(path=VALUES_FILE):
@@ -182,6 +188,14 @@ def torchrun_args(values):
         "--node-rank=$(JOB_COMPLETION_INDEX)",
         f"--master-addr={train['job']}-0.{train['job']}",
         f"--master-port={values['ports']['rendezvous']}",
+        *train_script_args(values),
+    ]
+
+
+def train_script_args(values):
+    """train.py and its flags, the same under any launcher."""
+    train = values["train"]
+    return [
         "/opt/torchlab/train.py",
         "--data",
         values["mount_paths"]["data"],
@@ -193,7 +207,7 @@ def torchrun_args(values):
 
 def train_manifests(values):
     train = values["train"]
-    job_name, runs_claim = train["job"], f"{values['name']}-runs"
+    job_name, runs = train["job"], runs_claim(values)
     container = torchlab_container(
         values,
         "train",
@@ -209,7 +223,7 @@ def train_manifests(values):
         "securityContext": pod_security_context(values),
         "containers": [container],
         "terminationGracePeriodSeconds": values["stop_grace_period_s"],
-        "volumes": [claim_volume("runs", runs_claim), *shared_volumes(values)],
+        "volumes": [claim_volume("runs", runs["metadata"]["name"]), *shared_volumes(values)],
     }
     job = {
         "apiVersion": "batch/v1",
@@ -237,15 +251,109 @@ def train_manifests(values):
         },
     }
     return {
-        "train/runs-claim.json": claim(values, runs_claim, "train", "ReadWriteMany", train["runs_storage"]),
+        "train/runs-claim.json": runs,
         "train/service.json": service,
         "train/job.json": job,
     }
 
 
+def runs_claim(values):
+    """The ReadWriteMany claim every node of a training job mounts at runs_path."""
+    return claim(values, f"{values['name']}-runs", "train", "ReadWriteMany", values["train"]["runs_storage"])
+
+
+def trainer_node_patch(values):
+    """What the TrainJob adds to the runtime's node pods (runtimePatches, merged by name): the claims, /dev/shm, the
+    user. The runtime leaves the container's command alone, so the image's entrypoint runs trainer.args."""
+    return {
+        "securityContext": pod_security_context(values),
+        "terminationGracePeriodSeconds": values["stop_grace_period_s"],
+        "volumes": [claim_volume("runs", runs_claim(values)["metadata"]["name"]), *shared_volumes(values)],
+        "containers": [
+            {
+                "name": TRAINER_NODE,
+                "securityContext": CONTAINER_SECURITY_CONTEXT,
+                "volumeMounts": [{"name": "runs", "mountPath": runs_path(values)}, *shared_mounts(values)],
+            }
+        ],
+    }
+
+
+def trainjob_manifests(values):
+    """A TrainJob on the ClusterTrainingRuntime torch-distributed. Its torch plugin sets PET_NNODES,
+    PET_NPROC_PER_NODE (numProcPerNode), PET_NODE_RANK and PET_MASTER_ADDR/PORT (node 0's pod): plain `torchrun`
+    reads them, so the args name no node, rank or address."""
+    train, kubeflow = values["train"], values["kubeflow"]
+    node_job = {"name": TRAINER_NODE, "template": {"spec": {"template": {"spec": trainer_node_patch(values)}}}}
+    trainjob = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": object_metadata(values, train["job"], "train"),
+        "spec": {
+            "runtimeRef": {
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+                "name": kubeflow["training_runtime"],
+            },
+            "trainer": {
+                "image": values["image"],
+                "args": ["torchrun", *train_script_args(values)],
+                "numNodes": train["nodes"],
+                # One process per GPU, as --nproc-per-node=gpu; the operator's default ("auto") would start one
+                # per CPU core on a node without GPUs.
+                "numProcPerNode": train["gpus_per_node"],
+                "resourcesPerNode": gpu_limits(train["gpus_per_node"]),
+            },
+            "runtimePatches": [
+                {
+                    "manager": kubeflow["patch_manager"],
+                    "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node_job]}}},
+                }
+            ],
+        },
+    }
+    return {"trainer/runs-claim.json": runs_claim(values), "trainer/trainjob.json": trainjob}
+
+
+def notebook_manifests(values):
+    """A Kubeflow Notebook: the controller makes its StatefulSet and Service, adds port 8888 and sets NB_PREFIX
+    (/notebook/<namespace>/<name>; a value given here would win, so none is). The user's files live in the
+    home folder, on an empty claim named as the dashboard names the one it makes for a new notebook."""
+    notebook = values["kubeflow"]["notebook"]
+    home_claim = f"{notebook['name']}-workspace"
+    container = torchlab_container(
+        values,
+        notebook["name"],
+        [{"name": "home", "mountPath": notebook["home"]}],
+        # The platform authenticates every request at its gateway (Istio and the dashboard's login) before it
+        # reaches the pod: Jupyter runs without its own token, on purpose.
+        env=[{"name": "JUPYTER_NO_AUTH", "value": "yes"}],
+        resources=gpu_limits(notebook["gpus"]),
+    )
+    pod_spec = {
+        "securityContext": pod_security_context(values),
+        "containers": [container],
+        "terminationGracePeriodSeconds": values["stop_grace_period_s"],
+        "volumes": [claim_volume("home", home_claim), *shared_volumes(values)],
+    }
+    resource = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Notebook",
+        "metadata": object_metadata(values, notebook["name"], "notebook"),
+        "spec": {"template": {"spec": pod_spec}},
+    }
+    home = claim(values, home_claim, "notebook", "ReadWriteOnce", notebook["home_storage"])
+    return {"notebook/home-claim.json": home, "notebook/notebook.json": resource}
+
+
 def render(values):
     """{path relative to k8s/: manifest text}."""
-    manifests = {**dev_manifests(values), **train_manifests(values)}
+    manifests = {
+        **dev_manifests(values),
+        **train_manifests(values),
+        **trainjob_manifests(values),
+        **notebook_manifests(values),
+    }
     return {path: json.dumps(manifest, indent=2) + "\n" for path, manifest in manifests.items()}
 
 

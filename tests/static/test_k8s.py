@@ -1,6 +1,7 @@
 """k8s/: the committed manifests are exactly what k8s/render.py makes of values.json, every one is a valid
-Kubernetes object, and they agree with docker-compose.yml and docker-compose.multinode.yml on what
-they share (image, ports, /dev/shm, mount paths, secrets, nodes, run directory); every pod starts as the user."""
+Kubernetes object (Kubeflow's TrainJob and Notebook: valid against their CRDs' schemas, copied into crds/), and
+they agree with docker-compose.yml and docker-compose.multinode.yml on what they share (image, ports, /dev/shm,
+mount paths, secrets, nodes, run directory); every pod starts as the user."""
 
 import json
 import os
@@ -10,10 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
+from helpers import kubeflow
 from k8s import render  # the repository root is on pytest's pythonpath (pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +28,22 @@ RENDERED = render.render(VALUES)
 MANIFESTS = {path: json.loads(text) for path, text in RENDERED.items()}
 DEPLOYMENT = MANIFESTS["dev/deployment.json"]
 JOB = MANIFESTS["train/job.json"]
-POD_SPECS = {"dev": DEPLOYMENT["spec"]["template"]["spec"], "train": JOB["spec"]["template"]["spec"]}
+TRAINJOB = MANIFESTS["trainer/trainjob.json"]
+NOTEBOOK = MANIFESTS["notebook/notebook.json"]
+POD_SPECS = {
+    "dev": DEPLOYMENT["spec"]["template"]["spec"],
+    "train": JOB["spec"]["template"]["spec"],
+    "trainjob": kubeflow.node_pod_spec(TRAINJOB),
+    "notebook": NOTEBOOK["spec"]["template"]["spec"],
+}
+CRD_FILES = sorted((Path(__file__).parent / "crds").glob("*.yaml"))
+CRD_SCHEMAS = {
+    (crd["apiVersion"], crd["kind"]): crd["openAPIV3Schema"]
+    for crd in map(yaml.safe_load, map(Path.read_text, CRD_FILES))
+}
+CUSTOM = sorted(
+    path for path, manifest in MANIFESTS.items() if (manifest["apiVersion"], manifest["kind"]) in CRD_SCHEMAS
+)
 COMPOSE_SERVICE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["torchlab"]
 MULTINODE = yaml.safe_load((ROOT / "docker-compose.multinode.yml").read_text())
 BINARY_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "ki": 1, "mi": 2, "gi": 3}
@@ -41,6 +59,29 @@ def size_in_bytes(size):
     """A size in Docker's (8g) or Kubernetes' binary (8Gi) notation, in bytes."""
     number, unit = re.fullmatch(r"(\d+)([kmg]i?)?b?", size.lower()).groups()
     return int(number) * 1024 ** BINARY_UNITS[unit or ""]
+
+
+def closed(schema):
+    """schema, with every object that lists its properties closed to others, as kubernetes_validate's strict mode
+    does for built-in kinds: the API server would drop a misspelt field of a custom resource without a word."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: closed(value) for key, value in schema.items()}
+    open_ended = "additionalProperties" in schema or schema.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in schema and not open_ended:
+        result["additionalProperties"] = False
+    return result
+
+
+CRD_VALIDATORS = {key: jsonschema.Draft4Validator(closed(schema)) for key, schema in CRD_SCHEMAS.items()}
+
+
+def crd_errors(manifest):
+    """Each way manifest breaks its CRD's schema, as one line."""
+    validator = CRD_VALIDATORS[manifest["apiVersion"], manifest["kind"]]
+    return [f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(manifest)]
 
 
 def main_container(pod_spec):
@@ -94,9 +135,40 @@ def test_the_script_writes_the_same_bytes_whatever_the_hash_seed(tmp_path):
         assert {path: (copy / path).read_text() for path in RENDERED} == RENDERED
 
 
-@pytest.mark.parametrize("path", sorted(MANIFESTS))
+@pytest.mark.parametrize("path", sorted(set(MANIFESTS) - set(CUSTOM)))
 def test_every_manifest_is_a_valid_kubernetes_object(path):
     kubernetes_validate.validate(MANIFESTS[path], KUBERNETES_VERSION, strict=True)
+
+
+def test_the_custom_resources_are_the_kinds_of_the_copied_crds():
+    assert {(MANIFESTS[path]["apiVersion"], MANIFESTS[path]["kind"]) for path in CUSTOM} == set(CRD_SCHEMAS)
+
+
+@pytest.mark.parametrize("path", CUSTOM)
+def test_every_custom_resource_is_valid_against_its_crds_schema(path):
+    assert crd_errors(MANIFESTS[path]) == []
+
+
+@pytest.mark.parametrize(
+    "path, mistake",
+    [
+        ("trainer/trainjob.json", lambda spec: spec["trainer"].update(numNode=2)),
+        ("trainer/trainjob.json", lambda spec: spec["trainer"].update(numProcPerNode="gpu")),
+        ("notebook/notebook.json", lambda spec: spec["template"]["spec"]["containers"][0].update(volumeMount=[])),
+        ("notebook/notebook.json", lambda spec: spec["template"]["spec"].pop("containers")),
+    ],
+)
+def test_the_crd_schemas_catch_a_misspelt_field_a_wrong_type_and_a_missing_one(path, mistake):
+    manifest = json.loads(RENDERED[path])
+    mistake(manifest["spec"])
+    assert crd_errors(manifest)
+
+
+@pytest.mark.parametrize("component", ["trainjob", "notebook"])
+def test_the_pods_the_operators_make_are_valid_pods(component):
+    """The CRDs' pod schemas lag Kubernetes': check the pod itself too."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": component}, "spec": POD_SPECS[component]}
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
 
 
 def test_compose_file_agrees_with_the_values():
@@ -216,3 +288,66 @@ def test_job_is_indexed_over_the_nodes_with_rendezvous_on_pod_0_of_its_headless_
     runs_claim = volume(POD_SPECS["train"], runs_mount["name"])["persistentVolumeClaim"]["claimName"]
     assert MANIFESTS["train/runs-claim.json"]["metadata"]["name"] == runs_claim
     assert MANIFESTS["train/runs-claim.json"]["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_trainjob_runs_the_jobs_training_on_the_torch_runtime_with_the_operators_rendezvous():
+    train, spec = VALUES["train"], TRAINJOB["spec"]
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": VALUES["kubeflow"]["training_runtime"],
+    }
+    trainer = spec["trainer"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (train["nodes"], train["gpus_per_node"])
+    # Bare torchrun: the operator's PET_* variables give the nodes, the rank and the master.
+    job_args = main_container(POD_SPECS["train"])["args"]
+    assert trainer["args"] == ["torchrun", *job_args[job_args.index("/opt/torchlab/train.py") :]]
+    assert "command" not in trainer  # the image's entrypoint runs args as the user
+    env_names = {variable["name"] for variable in trainer.get("env", [])}
+    assert not env_names & set(kubeflow.node_env(TRAINJOB, 0))  # the webhook refuses the operator's own names
+    # The same claim as the Indexed Job's.
+    runs_mount = mounts_by_path(main_container(POD_SPECS["trainjob"]))[render.runs_path(VALUES)]
+    runs_claim = volume(POD_SPECS["trainjob"], runs_mount["name"])["persistentVolumeClaim"]["claimName"]
+    assert MANIFESTS["trainer/runs-claim.json"] == MANIFESTS["train/runs-claim.json"]
+    assert MANIFESTS["trainer/runs-claim.json"]["metadata"]["name"] == runs_claim
+
+
+def test_trainjob_passes_the_operators_checks_that_no_schema_holds():
+    """The CEL rule on the name and the webhook's checks of runtimePatches (kubeflow/trainer v2.3.0:
+    pkg/runtime/framework/plugins/jobset/jobset.go): a domain-prefixed manager, and no env on the node container."""
+    name = TRAINJOB["metadata"]["name"]
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63
+    (patch,) = TRAINJOB["spec"]["runtimePatches"]
+    assert re.fullmatch(r"[a-z0-9]([-.a-z0-9]*[a-z0-9])?/[-._a-zA-Z0-9/]+", patch["manager"])
+    (container,) = kubeflow.node_patch(TRAINJOB)["containers"]
+    assert container["name"] == render.TRAINER_NODE and "env" not in container
+
+
+def test_notebook_leaves_auth_to_the_gateway_and_the_prefix_to_the_controller():
+    container = main_container(POD_SPECS["notebook"])
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env == {"JUPYTER_NO_AUTH": "yes"}
+    variables = (ROOT / "image/start/variables.tsv").read_text().splitlines()
+    assert any(line.startswith("JUPYTER_NO_AUTH\t") for line in variables)  # the image's own switch
+    # No NB_PREFIX (the controller sets it, and keeps one given here), no ports (it adds 8888, its Service's target).
+    assert "ports" not in container
+    assert "readinessProbe" not in container and "livenessProbe" not in container  # they would need the prefix
+
+
+def test_notebook_keeps_the_users_home_on_an_empty_claim_of_its_own():
+    notebook = VALUES["kubeflow"]["notebook"]
+    home_mount = mounts_by_path(main_container(POD_SPECS["notebook"]))[notebook["home"]]
+    claim_name = volume(POD_SPECS["notebook"], home_mount["name"])["persistentVolumeClaim"]["claimName"]
+    home_claim = MANIFESTS["notebook/home-claim.json"]
+    assert home_claim["metadata"]["name"] == claim_name
+    assert home_claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert NOTEBOOK["metadata"]["name"] == main_container(POD_SPECS["notebook"])["name"] == notebook["name"]
+
+
+@pytest.mark.parametrize("path", CUSTOM)
+def test_the_docs_show_the_custom_resources_as_rendered(path):
+    """docs/deploying.md shows each Kubeflow manifest in full, as a YAML block headed `# k8s/<path>, as YAML`."""
+    docs = (ROOT / "docs/deploying.md").read_text()
+    shown = re.search(rf"```yaml\n# k8s/{re.escape(path)}, as YAML\n(.*?)```", docs, re.DOTALL)
+    assert shown, f"docs/deploying.md shows no k8s/{path}"
+    assert yaml.safe_load(shown.group(1)) == MANIFESTS[path], f"docs/deploying.md's k8s/{path} differs from k8s/"
