@@ -49,7 +49,9 @@ user_command=()     # what runs as the user in place of the services; empty: the
 jupyter_args=()     # the Jupyter server's options: the command line's, NOTEBOOK_ARGS', auth's
 user_env=()         # what the user's processes get on top of the container's environment (secure_environment,
                     # add_passwd_entry, make_as_user)
+given_path=         # the operator's PATH, the user's with their own folder added (secure_environment)
 home_dir=           # the user's home (set_up_account, skip_what_needs_root)
+work_dir=           # where the user's work goes: /workspace, or a home that is a volume (choose_work_dir)
 as_user=()          # the prefix that runs a command as the user: the one privilege drop (make_as_user)
 as_user_system=()   # the same, with the system's PATH and no user site: the image's own steps (make_as_user)
 jupyter_auth=()     # the variables of Jupyter's auth, for its environment alone (choose_jupyter_auth)
@@ -76,6 +78,7 @@ check_variables
 merge_other_names
 check_account_and_ports
 add_notebook_args
+add_prefix_arg
 check_jupyter_auth
 rm -f /run/torchlab/services
 [ $# -gt 0 ] || expect_services
@@ -85,6 +88,7 @@ ids_given=("${NB_UID:-}" "${NB_GID:-}")
 choose_ids
 run_hooks /usr/local/bin/start-notebook.d
 if root_start; then set_up_account; else skip_what_needs_root "${ids_given[@]}"; fi
+choose_work_dir
 make_as_user
 offer_image_files
 
@@ -108,6 +112,6 @@ export NB_USER NB_UID NB_GID SSH_PORT JUPYTER_PORT
 run_hooks /usr/local/bin/before-notebook.d
 # No command: sshd and Jupyter, until the container stops (supervise_services exits).
 [ $# -gt 0 ] || supervise_services
-# A command runs where -w puts it; in the WORKDIR, /, it runs in /workspace (root's docker exec alone stays in /).
-[ "$PWD" != / ] || cd /workspace
+# A command runs where -w puts it; in the WORKDIR, /, it runs in work_dir (root's docker exec alone stays in /).
+[ "$PWD" != / ] || cd "$work_dir"
 exec "${as_user[@]}" "$@"

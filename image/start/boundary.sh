@@ -21,7 +21,6 @@ root_start() {
 }
 
 ROOT_PATH=/opt/env/bin:/opt/conda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-USER_BASE=/workspace/.local
 # The secrets (variables.tsv), consumed by the entrypoint and passed on only where needed (Jupyter's auth,
 # the hub's token).
 readarray -t SECRET_VARIABLES < <(table_names 4 yes)
@@ -65,16 +64,12 @@ hand_off() {
 }
 
 # The root phase's environment: a fixed PATH of system folders and no variable that makes Python, bash
-# or the loader read a user's file. Sets user_env to the operator's values of what is dropped, restored
-# at the drop for the user's processes alone.
+# or the loader read a user's file. Sets given_path to the operator's PATH and user_env to the operator's
+# values of what is dropped, both restored at the drop for the user's processes alone.
 secure_environment() {
-    local name path=${PATH:-$ROOT_PATH}
-    # The user's own commands come right after the env's, ahead of the system's.
-    case $path in
-        /opt/env/bin:*) path=/opt/env/bin:$USER_BASE/bin:${path#/opt/env/bin:} ;;
-        *) path=$USER_BASE/bin:$path ;;
-    esac
-    user_env=("PATH=$path")
+    local name
+    given_path=${PATH:-$ROOT_PATH}
+    user_env=()
     for name in $(compgen -e); do
         case $name in
             PYTHON* | LD_* | BASH_ENV | ENV) user_env+=("$name=${!name}") && unset "$name" ;;

@@ -146,7 +146,7 @@ restart_jupyter() {
 # sshd, Jupyter and the doctor, supervised as the top of this file says; never returns.
 supervise_services() {
     local status ended name
-    cd /workspace || exit
+    cd "$work_dir" || exit
     start_sshd
     start_jupyter
     start_doctor

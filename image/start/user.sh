@@ -210,15 +210,34 @@ skip_what_needs_root() {  # GIVEN_UID GIVEN_GID
     fi
 }
 
+# Sets work_dir, where the user's notebooks, runs and installs go: /workspace, or the home where the home is a
+# volume (not a tmpfs) and /workspace is not, as where Kubeflow Notebooks and Open Data Hub mount their PVC at
+# /home/jovyan. Root side: it asks the kernel about two mount points and reads nothing of the user's.
+# Reads home_dir.
+choose_work_dir() {
+    work_dir=/workspace
+    if mountpoint -q "$home_dir" && ! mountpoint -q /workspace && [ "$(findmnt -rno FSTYPE --mountpoint "$home_dir")" != tmpfs ]; then
+        work_dir=$home_dir
+        log "the home $home_dir is a volume and /workspace is not (Kubeflow's layout): notebooks, runs and installs go to $home_dir"
+    fi
+}
+
 # The one privilege drop. Sets as_user, the prefix that runs a command as NB_USER in the user's
-# environment: the container's, with user_env (what the root phase left out, and the user's folders)
-# back in, less JUPYTER_ENV_VARS_TO_UNSET's names; HOME is home_dir. And as_user_system, the same with
-# the system's PATH and no user site, for the image's own steps: a program the user left on their PATH
-# (or a .pth file) never runs, and so never hangs, before the services are up.
+# environment: the container's, with user_env (what the root phase left out, and the user's folders in
+# work_dir) back in, less JUPYTER_ENV_VARS_TO_UNSET's names; HOME is home_dir. And as_user_system, the same
+# with the system's PATH and no user site, for the image's own steps: a program the user left on their
+# PATH (or a .pth file) never runs, and so never hangs, before the services are up.
 make_as_user() {
-    local name names
-    user_env+=("PYTHONUSERBASE=${PYTHONUSERBASE:-$USER_BASE}" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-/workspace/.conda/envs}"
-        "JUPYTER_PATH=${JUPYTER_PATH:-$USER_BASE/share/jupyter}" "TORCHLAB_RUNS=${TORCHLAB_RUNS:-/workspace/runs}")
+    local name names path=$given_path user_base=$work_dir/.local
+    # The user's own commands come right after the env's, ahead of the system's.
+    case $path in
+        /opt/env/bin:*) path=/opt/env/bin:$user_base/bin:${path#/opt/env/bin:} ;;
+        *) path=$user_base/bin:$path ;;
+    esac
+    # Jupyter's runtime files (the server's token, kernels' keys) stay off the volume, as Kubeflow's images do.
+    user_env+=("PATH=$path" "PYTHONUSERBASE=$user_base" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-$work_dir/.conda/envs}"
+        "JUPYTER_PATH=${JUPYTER_PATH:-$user_base/share/jupyter}" "JUPYTER_RUNTIME_DIR=${JUPYTER_RUNTIME_DIR:-/tmp/jupyter-runtime}"
+        "TORCHLAB_RUNS=${TORCHLAB_RUNS:-$work_dir/runs}" "TORCHLAB_WORK_DIR=$work_dir")
     as_user=(env -u PYTHONNOUSERSITE)
     IFS=, read -ra names <<<"$JUPYTER_ENV_VARS_TO_UNSET"
     for name in "${names[@]}"; do as_user+=(-u "$name"); done
@@ -228,31 +247,29 @@ make_as_user() {
 }
 
 # What the image brings for the user, added as the user (as_user_system) and only where nothing is: a
-# user's files are never overwritten. The notebooks go to /workspace (Jupyter's root); `python train.py`
-# works in the SSH login directory (home_dir); ~/.local is the user site on the volume, so that a process
+# user's files are never overwritten. The notebooks go to work_dir (Jupyter's root); `python train.py`
+# works in the SSH login directory (home_dir); ~/.local is the user site in work_dir, so that a process
 # that gets no PYTHONUSERBASE (`docker exec -u USER`) installs and imports there too.
+# shellcheck disable=SC2016  # $1 and $2 are the inner shells'
 offer_image_files() {
-    local point top base=${PYTHONUSERBASE:-$USER_BASE}
-    if ! "${as_user_system[@]}" /bin/sh -c '[ ! -d /workspace ] || [ -e /workspace/notebooks ] || cp -r /opt/torchlab/notebooks /workspace/notebooks' 2>/dev/null; then
+    local point top
+    if ! "${as_user_system[@]}" /bin/sh -c '[ ! -d "$1" ] || [ -e "$1/notebooks" ] || cp -r /opt/torchlab/notebooks "$1/notebooks"' \
+        - "$work_dir" 2>/dev/null; then
         # A user start that can write nowhere has been told so already.
-        if root_start || [ -w "$home_dir" ] || [ -w /workspace ]; then
-            warn "could not copy the notebooks into /workspace (is it writable by UID $NB_UID?)"
+        if root_start || [ -w "$home_dir" ] || [ -w "$work_dir" ]; then
+            warn "could not copy the notebooks into $work_dir (is it writable by UID $NB_UID?)"
         fi
     fi
-    # docker-stacks' users mount their files below the home (-v "$PWD":/home/jovyan/work): Jupyter's root is
-    # /workspace, so each folder below the home that holds a mount is linked there (as the user, only where
+    # docker-stacks' users mount their files below the home (-v "$PWD":/home/jovyan/work): where Jupyter's root
+    # is /workspace, each folder below the home that holds a mount is linked there (as the user, only where
     # /workspace has nothing of that name): nothing in the mount is copied, moved or chowned.
-    # shellcheck disable=SC2016  # $1 and $2 are the inner shell's
     while IFS= read -r point; do
         [ "$point" != "$home_dir" ] || continue
         top=${point#"$home_dir"/} && top=${top%%/*}
         "${as_user_system[@]}" /bin/sh -c '[ ! -d /workspace ] || [ -e "/workspace/$1" ] || [ -L "/workspace/$1" ] || ln -s "$2" "/workspace/$1"' \
             - "$top" "$home_dir/$top" 2>/dev/null || true
-    done < <(mounts_under "$home_dir" | sort -u)
-    # shellcheck disable=SC2016  # $1 is the inner shell's
-    # shellcheck disable=SC2016  # $1 and $2 are the inner shell's
+    done < <([ "$work_dir" = "$home_dir" ] || mounts_under "$home_dir" | sort -u)
     "${as_user_system[@]}" /bin/sh -c '[ -e "$1" ] || [ -L "$1" ] || ln -s /opt/torchlab/train.py "$1"' - "$home_dir/train.py" 2>/dev/null || true
-    # shellcheck disable=SC2016
-    [ "$home_dir/.local" = "$base" ] || "${as_user_system[@]}" /bin/sh -c \
-        '[ -e "$1" ] || [ -L "$1" ] || { mkdir -p "$2" && ln -s "$2" "$1"; }' - "$home_dir/.local" "$base" 2>/dev/null || true
+    [ "$work_dir" = "$home_dir" ] || "${as_user_system[@]}" /bin/sh -c \
+        '[ -e "$1" ] || [ -L "$1" ] || { mkdir -p "$2" && ln -s "$2" "$1"; }' - "$home_dir/.local" "$work_dir/.local" 2>/dev/null || true
 }

@@ -90,6 +90,12 @@ add_notebook_args() {
     jupyter_args+=("${words[@]}")
 }
 
+# Kubeflow's NB_PREFIX is the server's base_url, unless NOTEBOOK_ARGS gave one.
+add_prefix_arg() {
+    [ -n "${NB_PREFIX:-}" ] && [ "$(server_base_url)" = / ] || return 0
+    jupyter_args+=(--ServerApp.base_url="$NB_PREFIX")
+}
+
 # Reads jupyter_args, JUPYTER_TOKEN, JUPYTER_PASSWORD and JUPYTER_NO_AUTH. Jupyter never runs without
 # auth by accident: an option that empties the token (with no password) is refused; JUPYTER_NO_AUTH=yes
 # alone turns auth off, on purpose, with a warning at every start.

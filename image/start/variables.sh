@@ -52,6 +52,8 @@ check_variable() {
                     die "$name names $word, which the start itself needs: expected other variables, not PATH, LD_*, PYTHON* or the image's own (such as NB_USER)"
             done ;;
         token) [[ $value =~ ^[[:graph:]]*$ ]] || die "$name: expected printable characters without spaces" ;;
+        url-path) [[ $value =~ ^/[A-Za-z0-9._~%@+/-]*$ ]] ||
+            die "$name='$value': expected a URL path such as /notebook/team/alice" ;;
         notebook-or-lab) [[ $value == notebook || $value == lab ]] || die "$name='$value': expected notebook or lab" ;;
         ssh-keys) check_ssh_keys "$name" ;;
         refused) refused_variable "$name" ;;
