@@ -3,10 +3,11 @@ from SSH and from Jupyter, after the container is re-created."""
 
 import base64
 import hashlib
+import re
 import uuid
 import zipfile
 
-from helpers.docker import IMAGE, docker
+from helpers.docker import IMAGE, docker, start_log, wait_for
 from helpers.jupyter import TOKEN, execute
 from helpers.ssh import ssh
 
@@ -86,6 +87,11 @@ def test_a_package_the_image_ships_can_be_changed_by_the_user(containers, ssh_ke
         assert "99.0" in ssh(second, ssh_key[0], torchrun, timeout=120).stdout.split()
         shadowed = ssh(second, ssh_key[0], "torchlab doctor --data /nonexistent", check=False).stdout
         assert f"cycler {image_version} (image) is shadowed by 99.0 in /workspace/.local/" in shadowed
+        # The start's report says so too, though it runs without the user site (nothing of the user's runs then).
+        row = re.compile(
+            rf"doctor: ok +your packages +cycler {re.escape(image_version)} \(image\) is shadowed by 99\.0"
+        )
+        wait_for(lambda: any(map(row.search, start_log(second.logs(), "INFO"))), 120, "the doctor's row", second.logs)
         # The image's env is untouched: root (docker exec) has no user site, and reads the image's own.
         assert docker("exec", second.name, "python", "-c", CYCLER_VERSION).stdout.strip() == image_version
 

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import time
@@ -164,9 +165,16 @@ def check_torch(spec_path=ENV_SPEC):
 TORCH_FAMILY = re.compile(r"torch|torchvision|torchaudio|nvidia-.*|triton")  # a mismatch here breaks the GPU
 
 
+def sessions_path():
+    """sys.path as the user's sessions have it: the user site first, also where this process skips it (the start's
+    report runs without it, so that nothing the user installed runs during the start). Only metadata is read."""
+    user_site = site.getusersitepackages()
+    return sys.path if user_site in sys.path else [user_site, *sys.path]
+
+
 def check_user_packages():
     """The user's packages (pip install as the user, on /workspace) that shadow one of the image's, one each."""
-    shadowing = [dist for dist in environment.distributions() if dist.get("shadows")]
+    shadowing = [dist for dist in environment.distributions(sessions_path()) if dist.get("shadows")]
     if not shadowing:
         return Check("your packages", OK, "none shadows one of the image's")
     lines = [
