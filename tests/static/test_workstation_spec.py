@@ -22,7 +22,16 @@ EVERYDAY_TOOLS = [
     "openssh-client",
     "fonts-liberation",
 ]
-NOTEBOOK_PACKAGES = ["ipywidgets", "ipympl", "jupyterlab-git", "pandas", "scipy", "scikit-learn", "scikit-image", "seaborn"]
+NOTEBOOK_PACKAGES = [
+    "ipywidgets",
+    "ipympl",
+    "jupyterlab-git",
+    "pandas",
+    "scipy",
+    "scikit-learn",
+    "scikit-image",
+    "seaborn",
+]
 
 
 def runtime_apt_layer():
@@ -48,5 +57,20 @@ def test_git_lfs_is_set_up_for_every_user_in_the_same_layer():
 
 def test_the_widgets_and_the_science_stack_are_pinned():
     pins = envspec.conda_pins(ROOT / "environment.yml")
-    assert not set(NOTEBOOK_PACKAGES) - set(pins), f"not pinned in environment.yml: {set(NOTEBOOK_PACKAGES) - set(pins)}"
+    assert not set(NOTEBOOK_PACKAGES) - set(
+        pins
+    ), f"not pinned in environment.yml: {set(NOTEBOOK_PACKAGES) - set(pins)}"
     assert int(pins["ipywidgets"].split(".")[0]) >= 8, "ipywidgets 8 brings the Notebook 7 / Lab extension"
+
+
+def test_train_py_keeps_its_plain_text_progress():
+    # With ipywidgets in the env, tqdm.auto (and tqdm.notebook) draw widgets under a kernel: train.py's progress,
+    # in files and on terminals, stays tqdm's plain bar.
+    sources = {
+        path.relative_to(ROOT): path.read_text() for path in [ROOT / "train.py", *(ROOT / "torchlab").rglob("*.py")]
+    }
+    widget_bars = [
+        str(path) for path, text in sources.items() if re.search(r"\btqdm\.(auto|notebook|autonotebook)\b", text)
+    ]
+    assert not widget_bars, f"these import tqdm's notebook bar: {widget_bars}"
+    assert "from tqdm import tqdm" in sources[Path("torchlab/metrics.py")]
