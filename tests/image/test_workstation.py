@@ -23,7 +23,7 @@ TOOL_USES = {
         'cd "$(mktemp -d)" && echo packed > f.txt && zip -q f.zip f.txt && rm f.txt && unzip -q f.zip && cat f.txt',
         "packed",
     ),
-    "vim-tiny": ('f=$(mktemp) && echo draft > "$f" && vi -es -c "s/draft/edited/" -c wq "$f" && cat "$f"', "edited"),
+    "vim-tiny": ('f=$(mktemp) && echo draft > "$f" && vim -es -c "s/draft/edited/" -c wq "$f" && cat "$f"', "edited"),
     "htop": ("htop --version", "htop 3."),
     "jq": ("""echo '{"tools": ["jq"]}' | jq -r '.tools[0]'""", "jq"),
     "make": ("""cd "$(mktemp -d)" && printf 'all:\\n\\t@echo made\\n' > Makefile && make""", "made"),
