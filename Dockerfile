@@ -134,13 +134,18 @@ ENV PATH=/opt/env/bin:$PATH \
 
 # Services and the tools people use over SSH; g++ for torch.compile (and pip builds).
 # Installing openssh-server makes host keys: they are deleted here and made at first
-# start, so no two containers share them.
+# start, so no two containers share them. git-lfs is set up in /etc/gitconfig, for every user;
+# `vim` is vim-tiny (which names itself vi only).
+# pandoc is left out: 187 MB, for nbconvert's LaTeX and reST exports alone (docs/workstation.md).
 # hadolint ignore=DL3008
 RUN --mount=type=secret,id=ca_bundle \
     apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo libnss-wrapper libjpeg62-turbo \
         ca-certificates git less nano g++ \
+        curl wget unzip zip vim-tiny htop jq make git-lfs openssh-client fonts-liberation \
+ && git lfs install --system \
+ && update-alternatives --install /usr/bin/vim vim /usr/bin/vim.tiny 10 \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 
 # The user: docker-stacks' contract (jovyan, UID 1000, GID 100 `users`).
