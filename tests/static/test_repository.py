@@ -146,8 +146,16 @@ def test_the_documented_variable_table_is_made_from_the_start_variables_table():
 
 
 # Upper-case names the start-up reads that the image or the start itself sets, not the operator.
-START_INTERNALS = {"PATH", "PWD", "LD_PRELOAD", "PYTHONUSERBASE", "CONDA_ENVS_PATH", "JUPYTER_PATH", "ROOT_PATH"}
-START_INTERNALS |= {"USER_BASE", "SECRET_VARIABLES", "OWN_VARIABLES", "JUPYTER_RESTARTS", "BASH_REMATCH", "SECONDS"}
+START_INTERNALS = {
+    "PATH",
+    "PWD",
+    "LD_PRELOAD",
+    "PYTHONUSERBASE",
+    "CONDA_ENVS_PATH",
+    "JUPYTER_PATH",
+    "JUPYTER_RUNTIME_DIR",
+}
+START_INTERNALS |= {"ROOT_PATH", "SECRET_VARIABLES", "OWN_VARIABLES", "JUPYTER_RESTARTS", "BASH_REMATCH", "SECONDS"}
 START_INTERNALS |= {"TORCHLAB_SECRETS_FD"}
 
 
