@@ -236,7 +236,7 @@ make_as_user() {
     esac
     # Jupyter's runtime files (the server's token, kernels' keys) stay off the volume, as Kubeflow's images do.
     user_env+=("PATH=$path" "PYTHONUSERBASE=$user_base" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-$work_dir/.conda/envs}"
-        "JUPYTER_PATH=${JUPYTER_PATH:-$user_base/share/jupyter}" "JUPYTER_RUNTIME_DIR=${JUPYTER_RUNTIME_DIR:-/tmp/jupyter-runtime}"
+        "JUPYTER_PATH=${JUPYTER_PATH:-$user_base/share/jupyter}" "JUPYTER_RUNTIME_DIR=${JUPYTER_RUNTIME_DIR:-/tmp/jupyter-runtime-$NB_UID}"
         "TORCHLAB_RUNS=${TORCHLAB_RUNS:-$work_dir/runs}" "TORCHLAB_WORK_DIR=$work_dir")
     as_user=(env -u PYTHONNOUSERSITE)
     IFS=, read -ra names <<<"$JUPYTER_ENV_VARS_TO_UNSET"
