@@ -155,18 +155,12 @@ def fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, pro
 def collate_uint8(samples):
     """Batch ImageDataset samples: (images uint8 (N, H, W, 3), labels int64 (N,), unreadable positions).
 
-    The images are stacked straight into one preallocated tensor, in a worker one in shared memory already
-    (as torch's default_collate does): sending it to the training process then copies nothing. Unreadable
-    samples are left out.
+    The images are stacked straight into one preallocated tensor (threads.batch_tensor: in a worker, in shared
+    memory already). Unreadable samples are left out.
     """
     readable = [sample for sample in samples if sample[0] is not None]
     image_shape = readable[0][0].shape if readable else (0, 0, 3)
-    images = torch.empty(0, dtype=torch.uint8)
-    shape = (len(readable), *image_shape)
-    if torch.utils.data.get_worker_info() is not None:
-        images.set_(torch.UntypedStorage._new_shared(math.prod(shape)), 0, shape)
-    else:
-        images.resize_(shape)
+    images = threads.batch_tensor((len(readable), *image_shape), torch.uint8)
     if readable:
         np.stack([pixels for pixels, _, _ in readable], out=images.numpy())
     labels = torch.tensor([label for _, label, _ in readable], dtype=torch.int64)
