@@ -359,9 +359,13 @@ class UserLoader:
     def __len__(self):
         return len(self.batches)
 
+    @property
+    def backend(self):
+        return self.plan.backend
+
     def __iter__(self):
         known, count = len(self.skipped.reasons), self.skipped.count
-        for batch in self.batches if self.plan.backend == "threads" else self.from_workers():
+        for batch in self.batches if self.backend == "threads" else self.from_workers():
             if batch is not None:  # a batch whose samples were all unreadable is left out
                 yield batch
         new = list(self.skipped.reasons)[known:]
