@@ -38,21 +38,23 @@ class UsersDataset(torch.utils.data.Dataset):
         label = int(rng.integers(0, 5))
         pixels = rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)
         floats = torch.from_numpy(rng.standard_normal((3, 4, 5)).astype(np.float32))
-        if self.kind == "uint8 HWC arrays":
-            return pixels, label
-        if self.kind == "PIL images":
-            return (pixels if self.as_dataloader_sees else Image.fromarray(pixels)), label
-        if self.kind == "float CHW tensors":
-            return floats, label
-        if self.kind == "(tensor, int, str) tuples":
-            return floats.double(), label, f"sample {position}"
-        if self.kind == "dicts":
-            mask = rng.random((2, 3)) > 0.5
-            return {"image": floats, "label": label, "mask": mask, "name": f"n{position}", "weight": position / 3}
-        if self.kind == "numbers and bytes":
-            return [position / 7, label, position % 2 == 0, np.float32(position), bytes([65 + label])]
         rows = 5 if position == self.odd_one else 4
-        return torch.from_numpy(rng.standard_normal((3, rows, 5)).astype(np.float32)), label
+        samples = {
+            "uint8 HWC arrays": (pixels, label),
+            "PIL images": (pixels if self.as_dataloader_sees else Image.fromarray(pixels), label),
+            "float CHW tensors": (floats, label),
+            "(tensor, int, str) tuples": (floats.double(), label, f"sample {position}"),
+            "dicts": {
+                "image": floats,
+                "label": label,
+                "mask": rng.random((2, 3)) > 0.5,
+                "name": f"n{position}",
+                "weight": position / 3,
+            },
+            "numbers and bytes": [position / 7, label, position % 2 == 0, np.float32(position), bytes([65 + label])],
+            "variable sizes": (torch.from_numpy(rng.standard_normal((3, rows, 5)).astype(np.float32)), label),
+        }
+        return samples[self.kind]
 
 
 def kept(batch):

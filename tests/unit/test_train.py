@@ -181,7 +181,10 @@ def test_loader_only_reports_images_per_second(sample_set, tmp_path):
 def one_training_file_per_rank(data_dir, world_size):
     """A training image that each of `world_size` processes reads in epoch 0 (train.py's split and sampler)."""
     _, train_index, _ = splits.load_splits(str(data_dir), config.DEFAULTS.val_fraction, config.DEFAULTS.seed)
-    shares = [sampler.EpochSampler(len(train_index), True, config.DEFAULTS.seed, rank, world_size) for rank in range(world_size)]
+    shares = [
+        sampler.EpochSampler(len(train_index), True, config.DEFAULTS.seed, rank, world_size)
+        for rank in range(world_size)
+    ]
     return [Path(train_index.path(next(iter(share))[0])) for share in shares]
 
 
