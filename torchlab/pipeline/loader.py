@@ -97,11 +97,6 @@ def usable_cpu_count(cgroup_root=CGROUP_ROOT):
     return cpus if limit is None else max(1, min(cpus, math.floor(limit)))
 
 
-def auto_worker_count(processes_on_this_machine):
-    """--workers auto: this process's share of the usable CPUs, at most MAX_AUTO_WORKERS."""
-    return min(MAX_AUTO_WORKERS, max(1, usable_cpu_count() // processes_on_this_machine))
-
-
 def max_worker_count():
     """The most loader processes --workers N may start: MAX_WORKERS_PER_CPU per usable CPU. Each worker is a
     copy of the training process (hundreds of MB), so more only add memory and start-up time."""
