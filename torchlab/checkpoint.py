@@ -28,11 +28,14 @@ class CheckpointReadError(ValueError):
 
 @dataclasses.dataclass
 class Position:
-    """Where a run is: the epoch, the steps done in it, and the steps done in all."""
+    """Where a run is: the epoch, the steps done in it, and the steps done in all; mid-epoch, what the epoch's
+    summary has summed so far in each process (metrics.Meter.state, stacked by rank; None at an epoch's start,
+    and in checkpoints written before it was kept)."""
 
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
+    epoch_sums: torch.Tensor = None
 
 
 def one_line(error):
@@ -58,7 +61,7 @@ def check_readable(path):
         state = load_state(path, mmap=True)
     except CheckpointReadError as reason:
         raise CheckpointReadError(f"{path}: not a checkpoint torch can read ({reason})") from None
-    expected = ["rng", *(field.name for field in dataclasses.fields(Position))]
+    expected = ["rng", "epoch", "step_in_epoch", "global_step"]
     missing = [key for key in expected if not isinstance(state, dict) or key not in state]
     if missing:
         raise CheckpointReadError(f"{path}: not a torchlab checkpoint (it has no {', '.join(missing)})")
@@ -144,4 +147,4 @@ class CheckpointManager:
                     "saved with, or start in another --run-dir"
                 ) from None
         restore_rng_states(state["rng"])
-        return Position(**{field.name: state[field.name] for field in dataclasses.fields(Position)})
+        return Position(**{field.name: state.get(field.name) for field in dataclasses.fields(Position)})

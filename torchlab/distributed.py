@@ -15,7 +15,7 @@ import torch.distributed as dist
 # holding the GIL, is in ~ProcessGroupGloo waiting for that thread: if the tensor's Python object had
 # already gone, freeing the tensor would need the GIL, and the process would hang at exit after its run
 # (pytorch/pytorch#56297; torch 2.8 releases the GIL there, pytorch/pytorch#154976).
-_STOP_VOTE = torch.zeros(1, dtype=torch.int64)
+_VOTES = torch.zeros(2, dtype=torch.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +71,21 @@ def sum_over_processes(values, processes):
     return values
 
 
-def any_process(flag, processes):
-    """True on every process when `flag` is true on at least one of them."""
+def any_process(flags, processes):
+    """For each of `flags` (a tuple of at most two bools): True on every process when it is true on at least one
+    of them. One collective for both."""
     if not processes.is_distributed:
-        return flag
-    _STOP_VOTE.fill_(int(flag))
-    dist.all_reduce(_STOP_VOTE, op=dist.ReduceOp.MAX, group=processes.cpu_group)
-    return bool(_STOP_VOTE.item())
+        return flags
+    _VOTES.zero_()
+    _VOTES[: len(flags)] = torch.tensor(flags, dtype=torch.int64)
+    dist.all_reduce(_VOTES, op=dist.ReduceOp.MAX, group=processes.cpu_group)
+    return tuple(bool(vote) for vote in _VOTES[: len(flags)].tolist())
+
+
+def gathered(value, processes):
+    """Every process's `value` (any picklable object), in rank order; every process must call this together."""
+    if not processes.is_distributed:
+        return [value]
+    values = [None] * processes.world_size
+    dist.all_gather_object(values, value, group=processes.cpu_group)
+    return values

@@ -85,6 +85,25 @@ class Meter:
         self.device_sums[1] += (logits.argmax(dim=1) == labels).sum()
         self.images += count
 
+    def state(self):
+        """This process's sums so far, for a checkpoint taken mid-epoch: float64 [loss x images, correct, images,
+        unreadable, data wait seconds, seconds since the start]."""
+        host = [self.images, self.unreadable, self.data_wait, time.perf_counter() - self.start]
+        return torch.cat([self.device_sums.cpu(), torch.tensor(host, dtype=torch.float64)])
+
+    def resume(self, states, processes):
+        """Go on from `states` (every process's state() at a checkpoint, stacked by rank): this process's own; with
+        another number of processes, all of them added into rank 0's (the totals are sums over the processes)."""
+        if len(states) == processes.world_size:
+            state = states[processes.rank]
+        elif processes.is_main:
+            state = torch.cat([states[:, :4].sum(0), states[0, 4:]])
+        else:
+            return
+        self.device_sums.copy_(state[:2])
+        self.images, self.unreadable = int(state[2]), int(state[3])
+        self.data_wait, self.start = float(state[4]), time.perf_counter() - float(state[5])
+
     def summary(self, processes):
         """Totals over all processes (a collective: every process calls it at the same step)."""
         host_sums = torch.tensor([self.images, self.unreadable], dtype=torch.float64, device=self.device)

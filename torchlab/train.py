@@ -25,7 +25,6 @@ from torchlab.checkpoint import CheckpointManager, CheckpointReadError, Checkpoi
 from torchlab.data import decode, folder, splits
 from torchlab.pipeline import device_decode, loader, sampler
 
-BAD_IMAGE_EXAMPLES = 5  # unreadable files named in the log and in the error when there are too many
 BAD_IMAGES_FILE = "bad_images.txt"  # in the run directory: every unreadable file of the run, with the reason
 TRAINING_FAILURE_STATUS = 1
 LOADER_UNITS = {"threads": "decode threads", "processes": "workers"}
@@ -55,8 +54,15 @@ class StopRequest:
 
 def should_stop(stop, global_step, cfg, processes):
     """A signal reached any process, or --max-steps is reached (a collective under torchrun)."""
-    signalled = distributed.any_process(stop.signal_name is not None, processes)
-    return signalled or (cfg.max_steps is not None and global_step >= cfg.max_steps)
+    return step_vote(stop, global_step, cfg, processes)[0]
+
+
+def step_vote(stop, global_step, cfg, processes, checkpoint_due=False):
+    """(stop, save a checkpoint now): should_stop's answer, and `checkpoint_due` (rank 0's --checkpoint-minutes
+    clock), agreed by every process in one vote: a mid-epoch checkpoint gathers every process's epoch sums, so
+    all of them save together."""
+    signalled, due = distributed.any_process((stop.signal_name is not None, checkpoint_due), processes)
+    return signalled or (cfg.max_steps is not None and global_step >= cfg.max_steps), due
 
 
 def stop_reason(stop, global_step, cfg):
@@ -70,41 +76,54 @@ def stop_reason(stop, global_step, cfg):
 
 
 class BadImages:
-    """The unreadable images of a run, as this process met them: the first few are named in the log at the
-    end of each epoch that had any, and all of them, with the reason, in RUN_DIR/bad_images.txt."""
+    """The unreadable images of a run: the first few of each epoch that had any are named in the log at its end,
+    and every one of the run, with the reason, in RUN_DIR/bad_images.txt. Each process names its own (it finds
+    the reason); at the epoch's end rank 0 gathers every process's, so that the file names all of them (one
+    small collective per epoch with any, rather than a file per process to merge)."""
 
-    def __init__(self, index, run_dir, enabled):
-        self.index, self.enabled = index, enabled
+    def __init__(self, index, run_dir, processes):
+        self.index, self.processes = index, processes
         self.path = os.path.join(run_dir, BAD_IMAGES_FILE)
-        self.reasons = {}  # path -> reason, over the whole run (a resumed run reads the file back)
+        self.files = decode.UnreadableFiles(self.read_back())  # over the whole run, a resumed one included
         self.this_epoch = []
-        if enabled and os.path.exists(self.path):
-            with open(self.path, encoding="utf-8", errors="replace") as lines:
-                self.reasons = dict(line.rstrip("\n").split("\t", 1) for line in lines if "\t" in line)
+
+    def read_back(self):
+        if not self.processes.is_main or not os.path.exists(self.path):
+            return {}
+        with open(self.path, encoding="utf-8", errors="replace") as lines:
+            return dict(line.rstrip("\n").split("\t", 1) for line in lines if "\t" in line)
 
     def add(self, positions):
         for position in positions:
             path = self.index.path(position)
             self.this_epoch.append(path)
-            if self.enabled and path not in self.reasons:
-                self.reasons[path] = decode.unreadable_reason(self.index.source(position))
+            self.files.add(path, lambda position=position: decode.unreadable_reason(self.index.source(position)))
 
     def start_epoch(self):
         self.this_epoch = []
 
-    def report(self, epoch, log):
-        """Name the first few of this epoch in the log, and write every one of the run to the file."""
-        if self.enabled and self.this_epoch:
-            text = "".join(f"{path}\t{reason}\n" for path, reason in sorted(self.reasons.items()))
-            io.atomic_write(self.path, lambda file: file.write(text.encode("utf-8", "replace")))
-            named = "; ".join(f"{path} ({self.reasons[path]})" for path in self.this_epoch[:BAD_IMAGE_EXAMPLES])
-            log.print(f"epoch {epoch}: skipped {len(self.this_epoch)} unreadable images: {named}; all in {self.path}")
+    def report(self, epoch, count, log):
+        """The epoch had `count` unreadable images (over all processes; every process calls this together):
+        rank 0 gathers every process's, names the first few in the log and writes every one of the run."""
+        if count == 0:
+            return
+        mine = [(path, self.files.reasons[path]) for path in self.this_epoch]
+        everyone = [pair for pairs in distributed.gathered(mine, self.processes) for pair in pairs]
+        if not self.processes.is_main:
+            return
+        self.this_epoch = [path for path, _ in everyone]
+        for path, reason in everyone:  # the other processes' files
+            self.files.reasons.setdefault(path, reason)
+        text = "".join(f"{path}\t{reason}\n" for path, reason in sorted(self.files.reasons.items()))
+        io.atomic_write(self.path, lambda file: file.write(text.encode("utf-8", "replace")))
+        named = self.files.named(self.this_epoch) or "met before the resume"
+        log.print(f"epoch {epoch}: skipped {count} unreadable images: {named}; all in {self.path}")
 
     def check(self, count, epoch, cfg, log):
         """More than --max-bad-images in this epoch (over all processes) stops the run, naming them."""
         if count > cfg.max_bad_images:
-            self.report(epoch, log)
-            examples = ", ".join(self.this_epoch[:BAD_IMAGE_EXAMPLES]) or "(on other processes)"
+            self.report(epoch, count, log)
+            examples = ", ".join(self.this_epoch[: decode.UNREADABLE_EXAMPLES]) or "(on other processes)"
             raise TooManyBadImages(
                 f"{count} images of epoch {epoch} could not be decoded, more than --max-bad-images "
                 f"{cfg.max_bad_images}; e.g. {examples}"
@@ -182,6 +201,10 @@ def train_one_epoch(training, train_loader, position, run):
     run.bad_images.start_epoch()
     device = training.to_device.device
     epoch_meter, interval_meter = metrics.Meter(device), metrics.Meter(device)
+    if position.epoch_sums is not None:  # resumed mid-epoch: the summary goes on from the steps before
+        epoch_meter.resume(position.epoch_sums, processes)
+        position.epoch_sums = None
+    run.epoch_meter = epoch_meter
     tick = time.perf_counter()
     # The wait for each batch lasts until it is on the device, normalised (decoded there too, --decode gpu).
     for images, labels, bad in training.to_device.batches(train_loader):
@@ -204,9 +227,12 @@ def train_one_epoch(training, train_loader, position, run):
             log.interval({**record, **metrics.gpu_stats(device)})
             run.bad_images.check(epoch_meter.summary(processes)["bad_images"], position.epoch, cfg, log)
             interval_meter = metrics.Meter(device)
-        if position.step_in_epoch < steps_per_epoch and should_stop(run.stop, position.global_step, cfg, processes):
-            return None
-        run.checkpoint_if_due(position)
+        if position.step_in_epoch < steps_per_epoch:  # at the epoch's end, fit saves its checkpoint
+            stopping, due = step_vote(run.stop, position.global_step, cfg, processes, run.checkpoint_due())
+            if stopping:
+                return None
+            if due:
+                run.save(position)
         tick = time.perf_counter()
     return {"kind": "epoch", "epoch": position.epoch, "step": position.global_step, **epoch_meter.summary(processes)}
 
@@ -228,8 +254,9 @@ def evaluate(training, val_loader, processes):
 
 @dataclasses.dataclass
 class Run:
-    """What the epoch loop shares: the configuration, the processes, the log, the stop flag, the bad images
-    and the checkpoints (rank 0 writes them: every --checkpoint-minutes, at each epoch's end, when stopped)."""
+    """What the epoch loop shares: the configuration, the processes, the log, the stop flag, the bad images,
+    the epoch's sums so far (its Meter) and the checkpoints (rank 0 writes them: every --checkpoint-minutes, at
+    each epoch's end, when stopped)."""
 
     cfg: config.TrainConfig
     processes: distributed.Processes
@@ -237,18 +264,24 @@ class Run:
     stop: StopRequest
     bad_images: BadImages
     checkpoints: CheckpointManager
+    epoch_meter: metrics.Meter = None
     last_save: float = dataclasses.field(default_factory=time.monotonic)
 
     def save(self, position):
+        """Every process calls it together. A checkpoint taken mid-epoch keeps every process's epoch sums, so
+        that a run resumed from it reports the epoch's summary over all its steps."""
+        if position.step_in_epoch > 0:
+            states = distributed.gathered(self.epoch_meter.state(), self.processes)
+            position = dataclasses.replace(position, epoch_sums=torch.stack(states))
         if not self.processes.is_main:
             return None
         self.last_save = time.monotonic()
         return self.checkpoints.save(position)
 
-    def checkpoint_if_due(self, position):
+    def checkpoint_due(self):
+        """Rank 0's --checkpoint-minutes clock says so (the other processes learn it in the step's vote)."""
         minutes = self.cfg.checkpoint_minutes
-        if minutes and (time.monotonic() - self.last_save) / 60 >= minutes:
-            self.save(position)
+        return bool(self.processes.is_main and minutes and (time.monotonic() - self.last_save) / 60 >= minutes)
 
 
 def start_training(cfg, network, steps_per_epoch, device, processes):
@@ -267,7 +300,7 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
     first_step = position.global_step
     if cfg.resume_path is not None:
         log.print(f"resumed from {cfg.resume_path}: epoch {position.epoch}, step {position.global_step}")
-    bad_images = BadImages(train_loader.dataset.index, cfg.run_dir, enabled=processes.is_main)
+    bad_images = BadImages(train_loader.dataset.index, cfg.run_dir, processes)
     run = Run(cfg, processes, log, stop, bad_images, checkpoints)
     while position.epoch < cfg.epochs and not should_stop(stop, position.global_step, cfg, processes):
         record = train_one_epoch(training, train_loader, position, run)
@@ -278,7 +311,7 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
                 log.print(f"stopped by {reason} at epoch {position.epoch}, step {position.global_step}: saved {path}")
             return
         bad_images.check(record["bad_images"], position.epoch, cfg, log)  # over the limit: reports, then raises
-        bad_images.report(position.epoch, log)
+        bad_images.report(position.epoch, record["bad_images"], log)
         if val_loader is not None:
             record.update(evaluate(training, val_loader, processes))
         log.end_epoch({**record, "lr": training.scheduler.get_last_lr()[0]})

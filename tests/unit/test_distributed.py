@@ -31,8 +31,8 @@ def test_the_stop_vote_counts_each_call_and_its_tensor_outlives_the_call(gloo_gr
 
     monkeypatch.setattr(dist, "all_reduce", recording_all_reduce)
 
-    assert distributed.any_process(True, processes) is True
-    assert distributed.any_process(False, processes) is False  # a true vote does not stay
+    assert distributed.any_process((True, False), processes) == (True, False)
+    assert distributed.any_process((False,), processes) == (False,)  # a true vote does not stay
     gc.collect()
     # gloo's threads may still hold the tensor when the group is torn down; its Python object must not have
     # gone, or freeing it there needs the GIL the tearing-down thread holds, and the process hangs at exit.

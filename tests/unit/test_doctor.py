@@ -11,11 +11,12 @@ import torch
 from conftest import ROOT, torchlab_command
 from torchlab import config
 from torchlab.data import prepared, splits
-from torchlab.pipeline import device_decode, loader
+from torchlab.pipeline import device_decode, loader, plan
 from torchlab.tools import doctor
 
 MIB = 2**20
 BATCH_BYTES = 64 * 224 * 224 * 3  # train.py's default batch: 64 uint8 images of 224 x 224 x 3
+AUTO_WORKERS = plan.planned_workers("auto", None, loader.usable_cpu_count(), 1, {})  # the plan's, for one process
 
 
 def run_doctor(*args):
@@ -326,10 +327,10 @@ def test_run_checks_takes_train_py_defaults(tmp_path):
     assert {"data", "shared memory", "cpus", "decoder", "run dir"} <= set(names)
     shm = next(check for check in report if check.name == "shared memory")
     # train.py's default loader decodes in threads: nothing goes through /dev/shm
-    assert shm.facts == {"workers": loader.auto_worker_count(1), "backend": "threads"} and shm.status == doctor.OK
+    assert shm.facts == {"workers": AUTO_WORKERS, "backend": "threads"} and shm.status == doctor.OK
     report = doctor.run_checks(data_dir=str(tmp_path / "missing"), run_dir=str(tmp_path / "run"), backend="processes")
     shm = next(check for check in report if check.name == "shared memory")
-    assert shm.facts["workers"] == loader.auto_worker_count(1)
+    assert shm.facts["workers"] == AUTO_WORKERS
     # train.py's prefetch 4, batch 64, and the two batches its main process holds
     assert shm.facts["needed"] == (shm.facts["workers"] * 4 + 2) * BATCH_BYTES
 

@@ -357,8 +357,8 @@ def test_create_loader_gives_a_users_dataset_the_planned_loader(sample_set):
     assert lines == [f"torchlab loader: {in_threads.plan.describe()}"] and in_threads.plan.backend == "threads"
     for loaded in (in_threads, in_processes):
         loaded.sampler.set_epoch(3)
-    threaded = [(images.clone(), labels.clone()) for images, labels, _ in in_threads]
-    processed = [(images, labels) for images, labels, _ in in_processes]
+    threaded = [(images.clone(), labels.clone()) for images, labels in in_threads]
+    processed = [(images, labels) for images, labels in in_processes]
     assert len(threaded) == len(processed) == 2  # 20 in batches of 8, the last partial one dropped
     for (images, labels), (expected_images, expected_labels) in zip(threaded, processed, strict=True):
         assert images.shape == (8, 32, 40, 3) and torch.equal(images, expected_images)

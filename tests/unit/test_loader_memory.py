@@ -26,7 +26,7 @@ def resident_bytes():
 class IndexReadingDataset:
     """What ImageDataset reads of each sample (its index entry), written in place as a tiny image."""
 
-    sample_shape = (1, 1, 3)
+    batch_fields = [((1, 1, 3), torch.uint8), ((), torch.int64)]
 
     def __init__(self, index):
         self.index = index
@@ -34,10 +34,15 @@ class IndexReadingDataset:
     def __len__(self):
         return len(self.index)
 
-    def write_sample(self, key, out):
+    def write_sample(self, key, slots, row):
         position = key[0]
-        out[...] = len(self.index.source(position)) % 256
-        return int(self.index.labels[position]), True
+        slots[0][row] = len(self.index.source(position)) % 256
+        slots[1][row] = self.index.labels[position]
+        return True
+
+    @staticmethod
+    def batch_of(fields, unreadable):
+        return (*fields, unreadable)
 
 
 def million_sample_index():

@@ -7,10 +7,14 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import QUICK_RUN, TRAIN_ENV, TRAIN_SCRIPT, last_step, read_metrics, run_train, start_train, wait_until
+from torchlab import config
+from torchlab.data import splits
+from torchlab.pipeline import sampler
 
 
 def checkpoint_names(run_dir):
@@ -174,30 +178,49 @@ def test_loader_only_reports_images_per_second(sample_set, tmp_path):
     assert not [name for name in os.listdir(run_dir) if name.startswith("checkpoint-")]
 
 
+def one_training_file_per_rank(data_dir, world_size):
+    """A training image that each of `world_size` processes reads in epoch 0 (train.py's split and sampler)."""
+    _, train_index, _ = splits.load_splits(str(data_dir), config.DEFAULTS.val_fraction, config.DEFAULTS.seed)
+    shares = [
+        sampler.EpochSampler(len(train_index), True, config.DEFAULTS.seed, rank, world_size)
+        for rank in range(world_size)
+    ]
+    return [Path(train_index.path(next(iter(share))[0])) for share in shares]
+
+
 def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_path):
-    run_dir = tmp_path / "run"
+    """Rank 0 writes the run directory, and names every process's unreadable files in bad_images.txt."""
+    data_dir, run_dir = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(sample_set, data_dir)
+    broken = one_training_file_per_rank(data_dir, world_size=2)
+    for path in broken:
+        path.write_bytes(path.read_bytes()[:300])  # truncated
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    train_flags = ["--data", str(sample_set), "--run-dir", str(run_dir), "--epochs", "2", "--workers", "1"]
+    train_flags = ["--data", str(data_dir), "--run-dir", str(run_dir), "--epochs", "2", "--workers", "1"]
     command = [*torchrun, str(TRAIN_SCRIPT), *train_flags, *QUICK_RUN]
     result = subprocess.run(command, capture_output=True, text=True, env=TRAIN_ENV, timeout=300, check=False)
 
     assert result.returncode == 0, result.stderr[-3000:]
-    config = json.loads((run_dir / "config.json").read_text())
-    assert config["world_size"] == 2
+    config_record = json.loads((run_dir / "config.json").read_text())
+    assert config_record["world_size"] == 2
     steps = [record["step"] for record in read_metrics(run_dir, "interval")]
     assert steps == list(range(1, 7))  # 96 images / 2 processes / 16 per batch = 3 steps an epoch, logged once
-    assert len(read_metrics(run_dir, "epoch")) == 2
+    assert [record["bad_images"] for record in read_metrics(run_dir, "epoch")] == [2, 2]
     assert len(re.findall(r"^epoch \d step \d \|", result.stdout, re.MULTILINE)) == 6
     assert checkpoint_names(run_dir) == ["checkpoint-00000003.pt", "checkpoint-00000006.pt"]
+    listed = (run_dir / "bad_images.txt").read_text().splitlines()
+    assert sorted(line.split("\t")[0] for line in listed) == sorted(map(str, broken))
+    assert all(f"{path} (" in result.stdout for path in broken)  # both named in the log too
     files = sorted(os.listdir(run_dir))
     assert [name for name in files if not name.startswith("events.out.tfevents.")] == [
+        "bad_images.txt",
         "checkpoint-00000003.pt",
         "checkpoint-00000006.pt",
         "config.json",
         "environment.json",
         "metrics.jsonl",
     ]
-    assert len(files) == 6  # one TensorBoard event file, rank 0's
+    assert len(files) == 7  # one TensorBoard event file, rank 0's
 
 
 def test_compile_trains_on_the_cpu(sample_set, tmp_path):

@@ -9,6 +9,7 @@ and scales it. A 4000 x 3000 photo cropped to 224 px decodes at 1/8 size: most o
 import functools
 import math
 import random
+import threading
 from io import BytesIO
 
 import numpy as np
@@ -35,15 +36,49 @@ DRAFT_SCALES = (8, 4, 2, 1)
 UNREADABLE_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
+UNREADABLE_EXAMPLES = 5  # unreadable files named in a line that reports them
+
+
+def error_reason(error):
+    """Why a file could not be decoded, in one line, from the error its decoder raised."""
+    if isinstance(error, Image.UnidentifiedImageError):  # its message may name only a BytesIO
+        return "not an image Pillow can read (an unknown format, or no image at all)"
+    return f"{type(error).__name__}: {error}".replace("\n", " ")
+
+
 def unreadable_reason(source):
     """Why ImageDataset could not decode `source`, in one line (asked again, for the report of bad images)."""
     try:
         load_crop(source, center_crop_box, 8)
-    except Image.UnidentifiedImageError:  # its message names only the BytesIO the file was read into
-        return "not an image Pillow can read (an unknown format, or no image at all)"
     except UNREADABLE_IMAGE_ERRORS as error:
-        return f"{type(error).__name__}: {error}".replace("\n", " ")
+        return error_reason(error)
     return "decoded when read again (a file that changed during the epoch?)"
+
+
+class UnreadableFiles:
+    """The unreadable files met so far, each named once with the reason, and how many samples were skipped for
+    them: train.py's bad images and create_loader's loader.skipped alike. Threads may add at once."""
+
+    def __init__(self, reasons=()):
+        self.reasons = dict(reasons)  # file -> reason, in the order they were first met
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def add(self, name, reason):
+        """One sample of the file `name` skipped; reason() says why, asked only for a file not named yet."""
+        with self.lock:
+            self.count += 1
+            if name not in self.reasons:
+                self.reasons[name] = reason()
+
+    def named(self, names):
+        """The first UNREADABLE_EXAMPLES of `names` (files added here), each with its reason."""
+        return "; ".join(f"{name} ({self.reasons[name]})" for name in names[:UNREADABLE_EXAMPLES])
+
+    def __str__(self):
+        if not self.count:
+            return "no unreadable files skipped"
+        return f"skipped {self.count} unreadable samples of {len(self.reasons)} files: {self.named(list(self.reasons))}"
 
 
 def rgb_image(image):
@@ -234,17 +269,25 @@ class ImageDataset(torch.utils.data.Dataset):
         return pixels, label, position
 
     @property
-    def sample_shape(self):
-        return (self.image_size, self.image_size, 3)
+    def batch_fields(self):
+        """The thread loader's slots for a batch of samples, (shape, dtype) each: the image's and the label's."""
+        return [((self.image_size, self.image_size, 3), torch.uint8), ((), torch.int64)]
 
-    def write_sample(self, key, out):
-        """Decode the sample `key` straight into `out`, its (image_size, image_size, 3) uint8 slot in a batch (the
-        thread loader's way: no collate copy). Returns (label, readable); the same pixels as __getitem__'s."""
+    def write_sample(self, key, slots, row):
+        """Decode the sample `key` straight into row `row` of `slots` (the numpy views of a batch's batch_fields:
+        the thread loader's way, no collate copy). Returns whether it was readable; the same pixels as
+        __getitem__'s."""
         position, epoch = key
-        label = int(self.index.labels[position])
+        slots[1][row] = self.index.labels[position]
         flip, choose_box = self.augmentation(position, epoch)
         try:
-            load_crop(self.index.source(position), choose_box, self.image_size, flip, self.draft, out=out)
+            load_crop(self.index.source(position), choose_box, self.image_size, flip, self.draft, out=slots[0][row])
         except UNREADABLE_IMAGE_ERRORS:
-            return label, False
-        return label, True
+            return False
+        return True
+
+    @staticmethod
+    def batch_of(fields, unreadable):
+        """The thread loader's batch of the readable rows' fields: (images, labels, unreadable positions)."""
+        images, labels = fields
+        return images, labels, unreadable

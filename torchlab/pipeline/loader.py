@@ -97,11 +97,6 @@ def usable_cpu_count(cgroup_root=CGROUP_ROOT):
     return cpus if limit is None else max(1, min(cpus, math.floor(limit)))
 
 
-def auto_worker_count(processes_on_this_machine):
-    """--workers auto: this process's share of the usable CPUs, at most MAX_AUTO_WORKERS."""
-    return min(MAX_AUTO_WORKERS, max(1, usable_cpu_count() // processes_on_this_machine))
-
-
 def max_worker_count():
     """The most loader processes --workers N may start: MAX_WORKERS_PER_CPU per usable CPU. Each worker is a
     copy of the training process (hundreds of MB), so more only add memory and start-up time."""
@@ -155,18 +150,12 @@ def fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, pro
 def collate_uint8(samples):
     """Batch ImageDataset samples: (images uint8 (N, H, W, 3), labels int64 (N,), unreadable positions).
 
-    The images are stacked straight into one preallocated tensor, in a worker one in shared memory already
-    (as torch's default_collate does): sending it to the training process then copies nothing. Unreadable
-    samples are left out.
+    The images are stacked straight into one preallocated tensor (threads.batch_tensor: in a worker, in shared
+    memory already). Unreadable samples are left out.
     """
     readable = [sample for sample in samples if sample[0] is not None]
     image_shape = readable[0][0].shape if readable else (0, 0, 3)
-    images = torch.empty(0, dtype=torch.uint8)
-    shape = (len(readable), *image_shape)
-    if torch.utils.data.get_worker_info() is not None:
-        images.set_(torch.UntypedStorage._new_shared(math.prod(shape)), 0, shape)
-    else:
-        images.resize_(shape)
+    images = threads.batch_tensor((len(readable), *image_shape), torch.uint8)
     if readable:
         np.stack([pixels for pixels, _, _ in readable], out=images.numpy())
     labels = torch.tensor([label for _, label, _ in readable], dtype=torch.int64)

@@ -12,7 +12,6 @@ the figures).
 """
 
 import dataclasses
-import time
 
 from torchlab import config
 from torchlab.pipeline import loader, settings
@@ -196,7 +195,3 @@ def resolve_plan(asked, tuned, one_batch_bytes, processes_on_machine=1, on_cuda=
         on_cuda,
         decode,
     )
-
-
-def now():
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,5 +1,5 @@
 """The thread loader: decode threads in the training process, each sample written straight into its slot of a
-preallocated uint8 batch, and a ring of those batches (pinned on CUDA) handed to the training loop in order.
+preallocated batch, and a ring of those batches (pinned on CUDA) handed to the training loop in order.
 
 Nothing passes through /dev/shm and nothing is collated: a thread takes the next sample of the pass, waits until
 the batch buffer that sample belongs to is free, decodes, crops, resizes and flips into the slot (libjpeg-turbo,
@@ -13,12 +13,16 @@ same batches for the same (seed, epoch, position), however many threads, and a r
 gives what an uninterrupted one gives from there. Threads stop when the pass ends, is abandoned (a loop that
 breaks early: the generator is closed) or the interpreter exits; they are daemons, and never outlive a pass.
 
-Datasets that can write a sample in place have write_sample(key, out) -> (label, readable) and sample_shape
-(decode.ImageDataset); any other is read with dataset[key] in the threads and batched by collate_fn (by the
-thread that completes the batch), as --decode gpu's EncodedImageDataset is.
+Datasets that can write a sample in place (decode.ImageDataset, create_loader's view of a user's Dataset) have
+batch_fields (the (shape, dtype) of each part of a sample: each gets a tensor (batch, *shape) of that dtype in
+every batch buffer; dtype None, a list of Python objects), write_sample(key, slots, row) -> readable (the sample
+written into row `row` of each part's slot) and batch_of(fields, unreadable positions) -> the batch. Any other
+dataset is read with dataset[key] in the threads and batched by collate_fn (by the thread that completes the
+batch), as --decode gpu's EncodedImageDataset is.
 """
 
 import atexit
+import math
 import threading
 import weakref
 
@@ -42,14 +46,45 @@ def pinned(value):
     return value
 
 
-class BatchBuffer:
-    """One batch of the ring: images (batch, *sample_shape) uint8, labels, readable flags and sample positions."""
+# torch dtypes that numpy has too: their slots are written through numpy views (no torch call per sample).
+NUMPY_DTYPES = {
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+}
 
-    def __init__(self, batch_size, sample_shape, pin_memory):
-        self.images = torch.empty((batch_size, *sample_shape), dtype=torch.uint8, pin_memory=pin_memory)
-        self.labels = torch.empty(batch_size, dtype=torch.int64, pin_memory=pin_memory)
-        self.image_slots = self.images.numpy()
-        self.label_slots = self.labels.numpy()
+
+def batch_tensor(shape, dtype, pin_memory=False):
+    """An empty batch tensor; in a DataLoader worker, in shared memory already (as torch's default_collate makes
+    its batches), so that sending it to the training process copies nothing."""
+    if torch.utils.data.get_worker_info() is not None:
+        storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+        return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+
+
+class BatchBuffer:
+    """One batch of a dataset's batch_fields: `fields`, a tensor (batch, *shape) of its dtype for each (a list
+    for dtype None); `slots`, what a sample is written into (the tensors' numpy views where numpy has the dtype);
+    readable flags and sample positions."""
+
+    def __init__(self, batch_size, batch_fields, pin_memory=False):
+        self.fields = [
+            [None] * batch_size if dtype is None else batch_tensor((batch_size, *shape), dtype, pin_memory)
+            for shape, dtype in batch_fields
+        ]
+        self.slots = [
+            field.numpy() if isinstance(field, torch.Tensor) and field.dtype in NUMPY_DTYPES else field
+            for field in self.fields
+        ]
         self.readable = np.ones(batch_size, dtype=bool)
         self.positions = np.zeros(batch_size, dtype=np.int64)
         self.event = None  # CUDA: recorded when the loop lets the buffer go, after the copy it queued
@@ -59,8 +94,9 @@ class ThreadLoader:
     """A DataLoader-like loader of `dataset`'s batches in `threads` decode threads (0: decoded in the loop).
 
     loader.sampler is the sampler (an EpochSampler: set_epoch(epoch, skip) before each pass); len(loader) is
-    the batches the next pass yields. Batches are (images uint8 (N, *sample_shape), labels int64 (N,), unreadable
-    positions int64) where the dataset writes in place, else what collate_fn makes of the samples.
+    the batches the next pass yields. Batches are what the dataset's batch_of makes of a batch's readable samples
+    where it writes in place (ImageDataset: images uint8 (N, H, W, 3), labels int64 (N,), unreadable positions),
+    else what collate_fn makes of the samples.
     """
 
     backend = "threads"
@@ -99,7 +135,7 @@ class ThreadLoader:
     def _make_ring(self):
         if self.ring is None and self.in_place:
             self.ring = [
-                BatchBuffer(self.batch_size, self.dataset.sample_shape, self.pin_memory)
+                BatchBuffer(self.batch_size, self.dataset.batch_fields, self.pin_memory)
                 for _ in range(self.batches_ahead + 1)
             ]
         return self.ring
@@ -177,9 +213,7 @@ class Pass:
             buffer = self.ring[slot]
             if buffer.event is not None:
                 buffer.event.synchronize()
-            label, readable = self.loader.dataset.write_sample(key, buffer.image_slots[in_batch])
-            buffer.label_slots[in_batch] = label
-            buffer.readable[in_batch] = readable
+            buffer.readable[in_batch] = self.loader.dataset.write_sample(key, buffer.slots, in_batch)
             buffer.positions[in_batch] = key[0] if isinstance(key, tuple) else key
         else:
             sample = self.loader.dataset[key]
@@ -243,18 +277,19 @@ class Pass:
             self.decode(*taken)
 
     def batch(self, batch):
-        """The (images, labels, unreadable positions) of `batch`: views of its ring buffer, or copies of the
-        readable samples alone where some were unreadable; or collate_fn's batch."""
+        """The dataset's batch_of `batch`'s fields (views of its ring buffer, or copies of the readable samples
+        alone where some were unreadable; lists copied) and its unreadable positions; or collate_fn's batch."""
         if self.ring is None:
             return self.collated[batch]
         buffer, size = self.ring[batch % self.slots], self.batch_size_of(batch)
-        images, labels = buffer.images[:size], buffer.labels[:size]
+        fields = [field[:size] for field in buffer.fields]
         readable = buffer.readable[:size]
         if readable.all():
-            return images, labels, torch.empty(0, dtype=torch.int64)
+            return self.loader.dataset.batch_of(fields, torch.empty(0, dtype=torch.int64))
         keep = torch.from_numpy(readable.copy())
+        fields = [field[keep] if isinstance(field, torch.Tensor) else kept(field, readable) for field in fields]
         unreadable = torch.from_numpy(buffer.positions[:size][~readable].copy())
-        return images[keep], labels[keep], unreadable
+        return self.loader.dataset.batch_of(fields, unreadable)
 
     def stop(self):
         """End the pass: its threads finish the sample they are on and exit; joined here."""
@@ -267,6 +302,10 @@ class Pass:
         for thread in self.threads:
             if thread is not threading.current_thread():
                 thread.join(STOP_JOIN_SECONDS)
+
+
+def kept(items, readable):
+    return [item for item, keep in zip(items, readable, strict=True) if keep]
 
 
 @atexit.register

@@ -49,7 +49,7 @@ from torchvision import transforms
 
 from torchlab import cli, config, io, resolve
 from torchlab.data import decode, folder, prepared, splits
-from torchlab.pipeline import device_decode, loader, plan, public, sampler
+from torchlab.pipeline import device_decode, loader, plan, public, sampler, threads
 from torchlab.tools import bench_data
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
@@ -291,12 +291,11 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
         keys = [(position, 0) for position in range(min(STAGE_SAMPLES, len(index)))]
         worker_stage = "read file + augmentation draw" if name == GPU_DECODE else "decode+augmentation (fused)"
         if collate is None:  # decode threads write each sample into its slot: no collate, no transfer
-            batch = torch.empty((len(keys), *dataset.sample_shape), dtype=torch.uint8)
-            slots = batch.numpy()
-            worker_seconds, written = seconds_per_item(
-                lambda key, dataset=dataset, slots=slots: dataset.write_sample(key, slots[key[0]]), keys
+            buffer = threads.BatchBuffer(len(keys), dataset.batch_fields)
+            worker_seconds, _ = seconds_per_item(
+                lambda key, dataset=dataset, slots=buffer.slots: dataset.write_sample(key, slots, key[0]), keys
             )
-            batch, labels = batch[:batch_size], torch.tensor([label for label, _ in written[:batch_size]])
+            batch, labels = buffer.fields[0][:batch_size], buffer.fields[1][:batch_size]
             stages = {f"{worker_stage}, written in place": worker_seconds}
         else:
             worker_seconds, samples = seconds_per_item(dataset.__getitem__, keys)
@@ -320,7 +319,6 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
 def own_dataset_stages(pipeline, batch_size, device):
     """Seconds per image of a user's own Dataset's __getitem__ and of the device step."""
     dataset = pipeline.loader.dataset
-    dataset = getattr(dataset, "dataset", dataset)  # create_loader's view of it
     getitem_seconds, samples = seconds_per_item(dataset.__getitem__, range(min(STAGE_SAMPLES, len(dataset))))
     batch = torch.from_numpy(np.stack([image for image, _ in samples[:batch_size]]))
     labels = torch.tensor([label for _, label in samples[:batch_size]])
