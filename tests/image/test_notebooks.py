@@ -26,7 +26,10 @@ NOTEBOOK_TIMEOUT_S = 360
 # What each notebook must show once it has run: images (its plots), and text or HTML that only a working run makes.
 EXPECTED_OUTPUTS = {
     "01-environment-check.ipynb": {"images": 0, "contains": ['<table class="torchlab-doctor"', "doctor: "]},
-    "02-data-and-loader.ipynb": {"images": 4, "contains": ["--workers", "4 classes", "python train.py --data"]},
+    "02-data-and-loader.ipynb": {
+        "images": 4,
+        "contains": ["--workers", "4 classes", "python train.py --data", "skipped 3 unreadable samples of 3 files"],
+    },
     "03-train-and-monitor.ipynb": {"images": 2, "contains": ["resumed from", "exited with status 0"]},
 }
 
@@ -59,13 +62,19 @@ def test_committed_notebooks_carry_no_outputs_and_use_the_env_kernel():
 
 @pytest.fixture(scope="module")
 def sample_data(tmp_path_factory):
-    """The image's sample data set, generated on the host as the user who runs the tests."""
+    """The image's sample data set, generated on the host as the user who runs the tests, with the bad files users'
+    folders hold: an empty .jpg, a truncated JPEG and a text file named .jpg (each notebook must get past them)."""
     folder = tmp_path_factory.mktemp("notebook-data")
     docker(
         *["run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}", "--entrypoint", "torchlab", "-v", f"{folder}:/out"],
         *[IMAGE, "sample-data", "/out/data"],
         timeout=300,
     )
+    a_class = sorted((folder / "data" / "train").iterdir())[0]
+    photo = next(a_class.glob("*.JPEG")).read_bytes()
+    (a_class / "empty.jpg").write_bytes(b"")
+    (a_class / "truncated.jpg").write_bytes(photo[: len(photo) // 2])
+    (a_class / "text.jpg").write_text("not an image\n")
     return folder / "data"
 
 
