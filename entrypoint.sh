@@ -89,6 +89,7 @@ choose_ids
 run_hooks /usr/local/bin/start-notebook.d
 if root_start; then set_up_account; else skip_what_needs_root "${ids_given[@]}"; fi
 choose_work_dir
+make_runtime_dir
 make_as_user
 offer_image_files
 

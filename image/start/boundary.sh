@@ -21,6 +21,7 @@ root_start() {
 }
 
 ROOT_PATH=/opt/env/bin:/opt/conda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+RUNTIME_DIR=/run/torchlab/jupyter  # Jupyter's runtime files (make_runtime_dir)
 # The secrets (variables.tsv), consumed by the entrypoint and passed on only where needed (Jupyter's auth,
 # the hub's token).
 readarray -t SECRET_VARIABLES < <(table_names 4 yes)
@@ -80,14 +81,27 @@ secure_environment() {
 
 # /run/torchlab, where the start writes what other processes read (the entrypoint's header lists it), is
 # root's on a root start (the healthcheck and root's shells read it); a start as a user needs it
-# writable (the image's is; with --read-only, a tmpfs).
+# writable (the image's is; with --read-only, a tmpfs), and empties it first: what the user left there (a FIFO
+# where a file goes, a folder where the start removes a file) could otherwise hang or stop the start.
 make_run_dir() {
     if root_start; then
         install -d -m 0755 -o root -g root /run/torchlab /run/torchlab/authorized_keys /run/torchlab/sshd_config.d \
             /run/sshd  # sshd's privilege separation directory
     else
+        find /run/torchlab -mindepth 1 -delete 2>/dev/null || true
         { mkdir -p /run/torchlab/authorized_keys /run/torchlab/sshd_config.d 2>/dev/null && [ -w /run/torchlab ]; } ||
             die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
+    fi
+}
+
+# Jupyter's runtime folder, made anew at every start, the user's alone (0700) inside /run/torchlab, whose entry
+# the user cannot replace in a root start. rm -r follows no link in it.
+make_runtime_dir() {
+    rm -rf "$RUNTIME_DIR"
+    if root_start; then
+        install -d -m 0700 -o "$NB_UID" -g "$NB_GID" "$RUNTIME_DIR"
+    else
+        install -d -m 0700 "$RUNTIME_DIR"
     fi
 }
 

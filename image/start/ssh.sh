@@ -4,13 +4,18 @@
 
 # Host keys are made at first start, never in the image. As root they live in /etc/ssh/host_keys
 # (mount a volume there to keep them); a user's sshd takes the first place it can read or write.
+# A key that is not a readable key file (left there by the user, in a start as the user) is made anew, or the
+# folder is passed over: sshd would exit on it.
 host_keys_ready() {  # DIR: make the keys there if missing; fails where that is not possible
     local key type
     mkdir -p "$1" 2>/dev/null || return 1
     for type in ed25519 ecdsa rsa; do
         key=$1/ssh_host_${type}_key
-        [ -r "$key" ] && continue
-        { [ ! -e "$key" ] && [ -w "$1" ]; } || return 1
+        [ -f "$key" ] && [ -r "$key" ] && ssh-keygen -l -f "$key" >/dev/null 2>&1 && continue
+        if [ -e "$key" ] || [ -L "$key" ]; then
+            [ -w "$1" ] && rm -f "$key" "$key.pub" && log "SSH: $key was no usable key; making a new one" || return 1
+        fi
+        [ -w "$1" ] || return 1
         ssh-keygen -q -t "$type" -N "" -C "torchlab host key" -f "$key"
         log "made SSH host key $(ssh-keygen -l -f "$key.pub" | cut -d' ' -f2) ($type) in $1"
     done

@@ -228,15 +228,13 @@ choose_work_dir() {
 # with the system's PATH and no user site, for the image's own steps: a program the user left on their
 # PATH (or a .pth file) never runs, and so never hangs, before the services are up.
 make_as_user() {
-    local name names path=$given_path user_base=$work_dir/.local
-    # The user's own commands come right after the env's, ahead of the system's.
-    case $path in
-        /opt/env/bin:*) path=/opt/env/bin:$user_base/bin:${path#/opt/env/bin:} ;;
-        *) path=$user_base/bin:$path ;;
-    esac
-    # Jupyter's runtime files (the server's token, kernels' keys) stay off the volume, as Kubeflow's images do.
-    user_env+=("PATH=$path" "PYTHONUSERBASE=$user_base" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-$work_dir/.conda/envs}"
-        "JUPYTER_PATH=${JUPYTER_PATH:-$user_base/share/jupyter}" "JUPYTER_RUNTIME_DIR=${JUPYTER_RUNTIME_DIR:-/tmp/jupyter-runtime-$NB_UID}"
+    local name names user_base=$work_dir/.local
+    # The user's own commands come after the image's and the system's: they add commands, and never stand in for
+    # one that Jupyter or a tool runs by name (a `git` or `uname` the user left there runs for nobody but them).
+    # Jupyter's runtime files (the server's token, kernels' keys) stay off the volume, as Kubeflow's images do,
+    # in a folder the start makes anew (make_runtime_dir).
+    user_env+=("PATH=$given_path:$user_base/bin" "PYTHONUSERBASE=$user_base" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-$work_dir/.conda/envs}"
+        "JUPYTER_PATH=${JUPYTER_PATH:-$user_base/share/jupyter}" "JUPYTER_RUNTIME_DIR=${JUPYTER_RUNTIME_DIR:-$RUNTIME_DIR}"
         "TORCHLAB_RUNS=${TORCHLAB_RUNS:-$work_dir/runs}" "TORCHLAB_WORK_DIR=$work_dir")
     as_user=(env -u PYTHONNOUSERSITE)
     IFS=, read -ra names <<<"$JUPYTER_ENV_VARS_TO_UNSET"

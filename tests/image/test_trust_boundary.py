@@ -46,7 +46,9 @@ HANGING_PROGRAM = f"""#!/bin/sh
 exec /usr/bin/sleep infinity
 """
 HANGING_PTH = f"import os, time; {PTH_LINE.strip()}; time.sleep(86400)\n"
-HANGING_NAMES = "sh test env bash ln cp id python torchlab jupyter".split()
+# The start's own names, and what Jupyter's server runs by name as it starts (jupyterlab-git's GitPython runs
+# `git version`, Python's platform module `uname -p`).
+HANGING_NAMES = "sh test env bash ln cp id python torchlab jupyter git uname".split()
 # What an admin types, as root: each must run nothing of the user's.
 ROOT_EXECS = [
     ["ps"],
@@ -374,3 +376,22 @@ def test_a_restart_runs_nothing_the_user_planted(containers, ssh_key, tmp_path, 
     assert set(evidence(container)) >= {"hung-id", "hung-sh"} and any(
         name.startswith("pth-") for name in evidence(container)
     ), evidence(container)
+
+
+def test_a_restart_as_the_user_gets_past_what_the_user_left_in_its_files(containers, ssh_key, tmp_path):
+    # In a start as the user, /run/torchlab and the host keys in the home are the user's: a FIFO where the start
+    # writes a file hung it, a folder where it removes one stopped it, a bad host key made sshd exit.
+    container = start(containers, "1010:0", ssh_key, tmp_path)
+    as_user(
+        container,
+        ssh_key,
+        """
+        cd /run/torchlab && rm -f services && mkdir services && mkfifo session-env.sh.tmp
+        rm -rf jupyter && echo junk >jupyter
+        for key in "$HOME"/.ssh/host_keys/ssh_host_*_key; do echo garbage >"$key"; done
+        ls "$HOME"/.ssh/host_keys/ssh_host_ed25519_key""",
+    )
+    docker("restart", "-t", "10", container.name, timeout=60)
+    container.wait_ready()
+    wait_for(lambda: container.state()["Health"]["Status"] == "healthy", 60, "a healthy container", container.logs)
+    assert "ssh_host_ed25519_key was no usable key; making a new one" in container.logs()
