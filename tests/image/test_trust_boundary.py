@@ -151,7 +151,7 @@ def test_commands_planted_on_the_users_path_never_run_as_root(containers, ssh_ke
     ).split()
     assert "/workspace/.local/bin" in writable
     plant_commands(container, ssh_key, writable)
-    as_user(container, ssh_key, "id -u >/dev/null")
+    as_user(container, ssh_key, "/workspace/.local/bin/id -u >/dev/null")  # last on the user's PATH: by its path
     assert evidence(container), "the planted commands did not run even for the user"
     root_ways_in(container)
     if mode == "root":
