@@ -49,7 +49,7 @@ user_command=()     # what runs as the user in place of the services; empty: the
 jupyter_args=()     # the Jupyter server's options: the command line's, NOTEBOOK_ARGS', auth's
 user_env=()         # what the user's processes get on top of the container's environment (secure_environment,
                     # add_passwd_entry, make_as_user)
-given_path=         # the operator's PATH, the user's with their own folder added (secure_environment)
+given_path=         # the operator's PATH, the user's with their own folder added last (secure_environment)
 home_dir=           # the user's home (set_up_account, skip_what_needs_root)
 work_dir=           # where the user's work goes: /workspace, or a home that is a volume (choose_work_dir)
 as_user=()          # the prefix that runs a command as the user: the one privilege drop (make_as_user)

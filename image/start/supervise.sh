@@ -86,8 +86,8 @@ start_jupyter() {
 }
 
 # The doctor's report in the start log; in the background, as importing torch and counting a
-# large /data take a while. It reports the image's packages: the user's own (which it would import) are
-# reported by `torchlab doctor` in a session. Reads as_user_system.
+# large /data take a while. It imports none of the user's packages (no user site), and names those that shadow
+# the image's from their metadata. Reads as_user_system.
 start_doctor() {
     [ "$DOCTOR_AT_START" = yes ] || return 0
     "${as_user_system[@]}" /opt/env/bin/torchlab doctor 2>&1 | while IFS= read -r line; do log "doctor: $line"; done &
