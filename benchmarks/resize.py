@@ -39,9 +39,8 @@ import torch
 from PIL import Image
 
 import torchlab
-from torchlab import cli, io
+from torchlab import io, machine, parsing
 from torchlab.data import decode
-from torchlab.pipeline import loader
 from torchlab.tools import bench_data
 from torchlab.tools.gpu_check import psnr
 
@@ -300,11 +299,11 @@ def run_bench_resize(args, print_line=print):
     }
     settings = {"crops": args.crops, "images": args.images, "passes": args.passes, "size": args.size}
     settings.update(seed=args.seed, image_sizes=IMAGE_SIZES, required_psnr_db=REQUIRED_PSNR_DB)
-    machine = {"usable_cpus": loader.usable_cpu_count(), "load_average_1min": load_average}
-    machine.update(python=platform.python_version(), torch_threads=torch.get_num_threads())
+    host = {"usable_cpus": machine.usable_cpu_count(), "load_average_1min": load_average}
+    host.update(python=platform.python_version(), torch_threads=torch.get_num_threads())
     report = {
         "settings": settings,
-        "machine": machine,
+        "machine": host,
         "resizers": resizer_rows(crops, args.size, args.passes, args.pillow_simd, print_line),
     }
     json_path = io.write_json_report(args.out_dir, RESULT_FILE, report)
@@ -315,14 +314,16 @@ def run_bench_resize(args, print_line=print):
 
 
 def build_parser(prog):
-    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--crops", type=cli.positive_int, default=64, help="crops of each image size (default: 64)")
-    parser.add_argument("--images", type=cli.positive_int, default=8, help="generated images of each size (default: 8)")
+    parser = parsing.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--crops", type=parsing.positive_int, default=64, help="crops of each image size (default: 64)")
     parser.add_argument(
-        "--passes", type=cli.positive_int, default=3, help="timed passes; each crop's best counts (default: 3)"
+        "--images", type=parsing.positive_int, default=8, help="generated images of each size (default: 8)"
     )
-    parser.add_argument("--size", type=cli.image_size, default=224, help="output side in px (default: 224)")
-    parser.add_argument("--seed", type=cli.seed, default=0, help="the same seed, the same crops (default: 0)")
+    parser.add_argument(
+        "--passes", type=parsing.positive_int, default=3, help="timed passes; each crop's best counts (default: 3)"
+    )
+    parser.add_argument("--size", type=parsing.image_size, default=224, help="output side in px (default: 224)")
+    parser.add_argument("--seed", type=parsing.seed, default=0, help="the same seed, the same crops (default: 0)")
     parser.add_argument(
         "--pillow-simd",
         metavar="DIR",

@@ -1,21 +1,26 @@
 """torchlab: train torchvision classifiers from a mounted ImageFolder with a loader near the machine's limit.
 
-Layers, each importing only those before it: cli -> config -> core -> tools.
+Layers, bottom first, each importing only its own and those below it (tests/static/test_layers.py holds them):
+io, parsing, machine -> data, pipeline, model, optim, distributed, checkpoint, metrics, environment -> config
+-> resolve, train -> tools -> cli.
 
-cli.py              argument types, the parser whose errors are one line, the `torchlab` command table
-config.py           train.py's flags: declared once (TrainConfig), their defaults, help and checks (no torch)
-resolve.py          what "auto" and the flags' checks need from the machine: CUDA, CPUs, checkpoints, the plan
-train.py            main(): flags, data, model, run dir, then train_one_epoch / evaluate per epoch
-checkpoint.py       what a checkpoint holds, writing it atomically, restoring it, keeping the newest
-metrics.py          progress lines, metrics.jsonl and TensorBoard
-model.py, optim.py  the torchvision model, its weights; the optimiser and schedule
-distributed.py      torchrun's processes
 io.py               atomic writes; bad input as one line and exit 2
-environment.py      the run's environment record (environment.json) and what env diff compares
+parsing.py          argument types that check a flag's text, the parser whose errors are one line
+machine.py          the usable CPUs (affinity, cgroup quota) and /dev/shm, read once as a Machine
 data/               folder (the ImageFolder index), decode (crop, resize, ImageDataset), prepared (the packed
                     copy), splits (open either)
-pipeline/           loader (build_loader, /dev/shm), threads, sampler, device_decode (the device step), plan,
-                    settings (autotune's store), public (create_loader for a user's Dataset)
+pipeline/           plan (the loader plan: flags, autotune's setting, machine, data -> what the loader does; the
+                    pipeline's defaults), loader (build_loader, BatchToDevice, timed_pass), threads, sampler,
+                    device_decode (the device step), settings (autotune's store), public (create_loader)
+model.py, optim.py  the torchvision model, its weights; the optimiser and schedule
+distributed.py      torchrun's processes
+checkpoint.py       what a checkpoint holds, writing it atomically, restoring it, keeping the newest
+metrics.py          progress lines, metrics.jsonl and TensorBoard
+environment.py      the run's environment record (environment.json) and what env diff compares
+config.py           train.py's flags: declared once (TrainConfig, as asked, frozen), their defaults, help, checks
+resolve.py          what the flags need from the machine (Setup: device, precision, lr, resume) and the loader plan
+train.py            main(): flags, data, plan, model, run dir, then train_one_epoch / evaluate per epoch
 tools/              commands over the core: doctor, bench (+ bench_data), autotune, gpu_check, prepare,
                     sample_data, env (export, diff)
+cli.py              the `torchlab COMMAND` table
 """

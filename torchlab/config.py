@@ -1,9 +1,10 @@
 """train.py's flags: every flag declared once (TrainConfig), with its default, help and check, and the parser made
-from them.
+from them; the tools that take some of them (doctor, autotune, gpu-check) add them from here.
 
-parse_args reads the command line (and --config FILE) into a TrainConfig, checking each value's type and
-bounds. What needs the machine (CUDA, CPUs, the checkpoints in --run-dir, autotune's saved setting, /dev/shm)
-is resolve.py's. A bad value is ConfigError, which train.py reports as one line on stderr with exit code 2.
+parse_args reads the command line (and --config FILE) into a TrainConfig: what was asked, frozen, each value's
+type and bounds checked. What needs the machine (CUDA, the checkpoints in --run-dir) is resolve.py's; the loader's
+flags become the loader plan (pipeline/plan.py). A bad value is ConfigError, which train.py reports as one line
+on stderr with exit code 2.
 """
 
 import argparse
@@ -11,17 +12,13 @@ import dataclasses
 import json
 import os
 
-from torchlab import cli
+from torchlab import parsing
+from torchlab.pipeline import plan
 
 PROG = "train.py"
 # Runs outlive the container on the /workspace volume, where Jupyter shows them (the image sets it).
 DEFAULT_RUN_DIR = os.path.join(os.environ.get("TORCHLAB_RUNS", "runs"), "default")
 AUTOTUNE_FILE = "~/.cache/torchlab/autotune.json"
-BACKENDS = ("threads", "processes")
-DEFAULT_BACKEND = "threads"
-DECODERS = ("auto", "cpu", "gpu")
-DEFAULT_PREFETCH_FACTOR = 4
-DEFAULT_THREAD_BATCHES_AHEAD = 2  # the thread loader's batches decoded ahead of the one in use
 
 
 class ConfigError(ValueError):
@@ -36,9 +33,16 @@ def flag(default, group, help, parse=None, choices=None, switch=False):
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def derived(default=None):
-    """A TrainConfig field that resolve.resolve() fills in: no flag, but saved in config.json."""
-    return dataclasses.field(default=default, metadata={"group": None})
+def worker_count(text):
+    if text == "auto":
+        return text
+    try:
+        return parsing.non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected {worker_count.expected}, got {text!r}") from None
+
+
+worker_count.expected = "auto or an integer >= 0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,14 +59,14 @@ class TrainConfig:
         "data",
         "share of the images held out for validation when --data has no val/ folder; a prepared copy keeps the "
         "split it was prepared with (default: 0.1)",
-        cli.fraction,
+        parsing.fraction,
     )
-    image_size: int = flag(224, "data", "side of the square network input, px (default: 224)", cli.image_size)
+    image_size: int = flag(224, "data", "side of the square network input, px (default: 224)", parsing.image_size)
     max_bad_images: int = flag(
         100,
         "data",
         "stop when more images than this in one epoch cannot be decoded; they are skipped (default: 100)",
-        cli.non_negative_int,
+        parsing.non_negative_int,
     )
     # data loading
     workers: object = flag(
@@ -70,17 +74,18 @@ class TrainConfig:
         "data loading",
         "decode threads (--loader threads) or worker processes (--loader processes) per training process; 0: "
         "decoded in the training loop; auto: what torchlab autotune saved for this --data, --image-size, "
-        "--batch-size and device, else min(8, usable CPUs / processes on this machine), counting CPU affinity and "
-        "the cgroup CPU quota; N: at most 4 per usable CPU (default: auto)",
-        cli.worker_count,
+        f"--batch-size and device, else min({plan.MAX_AUTO_WORKERS}, usable CPUs / processes on this machine), "
+        f"counting CPU affinity and the cgroup CPU quota; N: at most {plan.MAX_WORKERS_PER_CPU} per usable CPU "
+        "(default: auto)",
+        worker_count,
     )
     prefetch_factor: int = flag(
         None,
         "data loading",
-        f"batches loaded ahead: by all the decode threads together (default: {DEFAULT_THREAD_BATCHES_AHEAD}), or "
-        f"by each worker process (default: {DEFAULT_PREFETCH_FACTOR}); or what torchlab autotune saved, with "
+        f"batches loaded ahead: by all the decode threads together (default: {plan.DEFAULT_THREAD_BATCHES_AHEAD}), or "
+        f"by each worker process (default: {plan.DEFAULT_PREFETCH_FACTOR}); or what torchlab autotune saved, with "
         "--workers auto",
-        cli.positive_int,
+        parsing.positive_int,
     )
     loader: str = flag(
         "auto",
@@ -88,8 +93,8 @@ class TrainConfig:
         "threads: decode threads in the training process write each sample into a reused batch buffer (nothing "
         "through /dev/shm); processes: DataLoader worker processes, whose batches pass through /dev/shm; auto: "
         "threads where /dev/shm is too small for the workers' batches, else what torchlab autotune saved, else "
-        f"{DEFAULT_BACKEND} (faster on a 2-CPU machine: docs/performance.md) (default: auto)",
-        choices=("auto", *BACKENDS),
+        f"{plan.DEFAULT_BACKEND} (faster on a 2-CPU machine: docs/performance.md) (default: auto)",
+        choices=("auto", *plan.BACKENDS),
     )
     jpeg_draft: bool = flag(
         None,
@@ -105,7 +110,7 @@ class TrainConfig:
         "(the threads or workers only read the files; the GPU decodes, crops, resizes and normalises each batch; "
         "files it cannot decode fall back to the CPU); auto: what torchlab autotune saved, else gpu on CUDA when "
         "most images are JPEGs (default: auto)",
-        choices=DECODERS,
+        choices=plan.DECODERS,
     )
     persistent_workers: bool = flag(
         True, "data loading", "keep the workers alive between epochs (default: on)", switch=True
@@ -122,7 +127,7 @@ class TrainConfig:
         "wall-clock budget of torchlab autotune, from the process's start (torch's import, indexing, every "
         "setting's start-up and measurement) to the saved result; the interpreter's exit comes on top (about 5 s "
         "on 2 CPUs); a budget its start-up leaves under 1 s of saves nothing (default: 60)",
-        cli.positive_float,
+        parsing.positive_float,
     )
     autotune_file: str = flag(
         AUTOTUNE_FILE,
@@ -145,30 +150,30 @@ class TrainConfig:
     )
     compile: bool = flag(False, "model", "torch.compile the model: slower start, faster steps (default: off)")
     # optimisation
-    epochs: int = flag(90, "optimisation", "epochs to train (default: 90)", cli.positive_int)
-    batch_size: int = flag(64, "optimisation", "images per step in each process (default: 64)", cli.positive_int)
+    epochs: int = flag(90, "optimisation", "epochs to train (default: 90)", parsing.positive_int)
+    batch_size: int = flag(64, "optimisation", "images per step in each process (default: 64)", parsing.positive_int)
     max_steps: int = flag(
         None,
         "optimisation",
         "stop (with a checkpoint) after this many steps in all; the schedule still spans --epochs (default: none)",
-        cli.positive_int,
+        parsing.positive_int,
     )
     optimizer: str = flag("sgd", "optimisation", "the optimiser (default: sgd)", choices=("sgd", "adamw"))
     lr: float = flag(
         None,
         "optimisation",
         "peak learning rate (default: 0.1 for sgd, 0.001 for adamw, each x batch size x processes / 256)",
-        cli.step_size,
+        parsing.step_size,
     )
-    momentum: float = flag(0.9, "optimisation", "SGD momentum (default: 0.9)", cli.fraction)
-    weight_decay: float = flag(1e-4, "optimisation", "weight decay of all parameters (default: 1e-4)", cli.decay)
+    momentum: float = flag(0.9, "optimisation", "SGD momentum (default: 0.9)", parsing.fraction)
+    weight_decay: float = flag(1e-4, "optimisation", "weight decay of all parameters (default: 1e-4)", parsing.decay)
     warmup_epochs: float = flag(
         1.0,
         "optimisation",
         "epochs of linear learning-rate warm-up before the per-step cosine decay (default: 1)",
-        cli.non_negative_float,
+        parsing.non_negative_float,
     )
-    label_smoothing: float = flag(0.1, "optimisation", "cross-entropy label smoothing (default: 0.1)", cli.fraction)
+    label_smoothing: float = flag(0.1, "optimisation", "cross-entropy label smoothing (default: 0.1)", parsing.fraction)
     amp: str = flag(
         "auto",
         "optimisation",
@@ -190,23 +195,23 @@ class TrainConfig:
         "--run-dir has checkpoints); or a checkpoint file (default: auto)",
     )
     device: str = flag("auto", "run", "auto: CUDA if present (default: auto)", choices=("auto", "cpu", "cuda"))
-    seed: int = flag(0, "run", "seeds init, split, order, augmentation (default: 0)", cli.seed)
-    log_interval: int = flag(50, "run", "steps between progress lines and records (default: 50)", cli.positive_int)
+    seed: int = flag(0, "run", "seeds init, split, order, augmentation (default: 0)", parsing.seed)
+    log_interval: int = flag(50, "run", "steps between progress lines and records (default: 50)", parsing.positive_int)
     checkpoint_minutes: float = flag(
         30.0,
         "run",
         "also checkpoint every this many minutes within an epoch; 0: at epoch ends only (default: 30)",
-        cli.non_negative_float,
+        parsing.non_negative_float,
     )
-    keep_checkpoints: int = flag(3, "run", "newest checkpoints kept in --run-dir (default: 3)", cli.positive_int)
-    # filled in by resolve.resolve()
-    resume_path: str = derived()
-    autotuned: bool = derived(False)
-    asked_loader: dict = derived()  # the loader flags as given, before resolve(): plan.AskedLoader's fields
-    loader_plan: dict = derived()  # the plan the loader used (resolve.resolve_loader): LoaderPlan.record()
+    keep_checkpoints: int = flag(3, "run", "newest checkpoints kept in --run-dir (default: 3)", parsing.positive_int)
+
+    def asked_loader(self):
+        """The loader flags as the plan takes them (plan.Asked)."""
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(plan.Asked)}
+        return plan.Asked(**fields)
 
 
-FLAGS = [field for field in dataclasses.fields(TrainConfig) if field.metadata["group"] is not None]
+FLAGS = dataclasses.fields(TrainConfig)
 DEFAULTS = TrainConfig()
 
 
@@ -220,17 +225,13 @@ def option(field):
     return "--" + field.name.replace("_", "-")
 
 
-def build_parser(prog=PROG, description=DESCRIPTION):
-    """train.py's parser, made from TrainConfig's fields, grouped as in --help."""
-    parser = cli.OneLineErrorParser(prog=prog, description=description)
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help='a YAML or JSON file of flag defaults, e.g. {"arch": "resnet18", "batch-size": 128}; flags on '
-        "the command line win (default: none)",
-    )
+def add_flags(parser, names=None):
+    """Add train.py's flags (those in `names`, default all), grouped as in --help, to `parser`: a tool that takes
+    some of them declares none of its own."""
     groups = {}
     for field in FLAGS:
+        if names is not None and field.name not in names:
+            continue
         meta = field.metadata
         group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         if meta["switch"]:
@@ -240,6 +241,18 @@ def build_parser(prog=PROG, description=DESCRIPTION):
         else:
             kind = {"type": meta["parse"], "choices": meta["choices"]}
         group.add_argument(option(field), default=field.default, help=meta["help"], **kind)
+
+
+def build_parser(prog=PROG, description=DESCRIPTION):
+    """train.py's parser, made from TrainConfig's fields, grouped as in --help."""
+    parser = parsing.OneLineErrorParser(prog=prog, description=description)
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help='a YAML or JSON file of flag defaults, e.g. {"arch": "resnet18", "batch-size": 128}; flags on '
+        "the command line win (default: none)",
+    )
+    add_flags(parser)
     return parser
 
 

@@ -24,8 +24,7 @@ import time
 
 import torch
 
-from torchlab import io
-from torchlab.pipeline import loader
+from torchlab import io, machine
 
 RECORD_NAME = "environment"  # environment.json, environment-2.json, ...; their patches environment.patch, ...
 RECORD_FILE = re.compile(rf"{RECORD_NAME}(?:-(\d+))?\.json")
@@ -137,12 +136,12 @@ def gpus():
     return {"driver": driver, "devices": devices}
 
 
-def machine():
-    shm = loader.shared_memory_bytes()
+def this_machine():
+    shm = machine.shared_memory_bytes()
     return {
         "hostname": socket.gethostname(),
         "cpus": len(os.sched_getaffinity(0)),
-        "usable_cpus": loader.usable_cpu_count(),
+        "usable_cpus": machine.usable_cpu_count(),
         "shm_bytes": None if shm is None else shm[0],
         "platform": platform.platform(),
     }
@@ -219,7 +218,7 @@ def collect(plan, flags, patch_path=None):
         "command": {"argv": list(sys.argv), "flags": list(flags), "cwd": os.getcwd(), "executable": sys.executable},
         "loader_plan": plan,
     }
-    parts = {"packages": packages, "image": image, "versions": versions, "gpus": gpus, "machine": machine}
+    parts = {"packages": packages, "image": image, "versions": versions, "gpus": gpus, "machine": this_machine}
     if patch_path is not None:
         parts["code"] = lambda: code(flags, patch_path)
     problems = []

@@ -1,9 +1,7 @@
-"""What "auto" and the checks of train.py's flags need from the machine: CUDA, the CPUs, the checkpoints in
---run-dir, the model names, autotune's saved setting and /dev/shm.
-
-resolve() turns parse_args's TrainConfig into the one the run uses before anything is written; once the data
-index is known, resolve_loader() makes the loader plan (pipeline/plan.py) and records it in the TrainConfig,
-which config.json then shows. Bad input raises config.ConfigError.
+"""What a run needs from the machine besides its flags: CUDA, mixed precision, the learning rate, the checkpoint
+--resume picks (Setup, beside the TrainConfig, which stays as asked); and, once the data index is known, the one
+loader plan (loader_plan: pipeline/plan.py on this machine, with what torchlab autotune saved). Bad input raises
+config.ConfigError, or plan.PlanError for the loader's flags.
 """
 
 import dataclasses
@@ -12,9 +10,9 @@ import shutil
 
 import torch
 
-from torchlab import checkpoint, io, model
+from torchlab import checkpoint, io, machine, model
 from torchlab.config import ConfigError
-from torchlab.pipeline import device_decode, loader, plan
+from torchlab.pipeline import device_decode, plan, settings
 
 
 def check_flags(flags, writes_run):
@@ -62,16 +60,21 @@ def resolve_resume(choice, run_dir):
     return choice
 
 
-def resolve(flags, processes, tuning=False):
-    """The TrainConfig the run uses: every "auto" resolved (CUDA, checkpoints, the autotune file, CPUs) and the
-    checks that need I/O done. `processes` is distributed.Processes; `tuning`: for torchlab autotune, which
-    writes no run directory and reads no saved setting. Raises ConfigError."""
-    check_flags(flags, writes_run=not tuning)
-    if flags.workers != "auto" and flags.workers > loader.max_worker_count():
-        raise ConfigError(
-            f"--workers {flags.workers}: expected at most {loader.max_worker_count()} ({loader.MAX_WORKERS_PER_CPU} "
-            f"per usable CPU, {loader.usable_cpu_count()} here), or auto"
-        )
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What resolve() found for a TrainConfig: the device (cpu or cuda:N), mixed precision (off, bf16, fp16), the
+    peak learning rate, and the checkpoint to start from (None: afresh)."""
+
+    device: str
+    amp: str
+    lr: float
+    resume_path: str = None
+
+
+def resolve(flags, processes, writes_run=True):
+    """The Setup of a run of `flags` (a TrainConfig, as asked), and the checks that need I/O (`writes_run`: a
+    --run-dir this user can write in). `processes` is distributed.Processes. Raises ConfigError."""
+    check_flags(flags, writes_run)
     device = resolve_device(flags.device, processes)
     on_cuda = device.startswith("cuda")
     if flags.decode == "gpu" and not on_cuda:
@@ -79,88 +82,23 @@ def resolve(flags, processes, tuning=False):
         raise ConfigError(
             f"--decode gpu: needs a CUDA device, and this run is on the CPU ({reason}); use --decode cpu or auto"
         )
-    asked = asked_loader(flags)
-    tuned = None if tuning else tuned_setting(flags, device, processes.local_world_size)
-    # Before the data is known: the plan without /dev/shm's fit (resolve_loader makes the one used).
-    decode = tuned.get("decode", "cpu") if flags.decode == "auto" and tuned and flags.workers == "auto" else None
-    cpus = loader.usable_cpu_count()
-    choice = plan.plan_loader(asked, tuned, cpus, None, 0, processes.local_world_size, on_cuda, decode)
     amp = flags.amp if on_cuda else "off"
     if amp == "auto":
         amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     lr = flags.lr
     if lr is None:
         lr = (0.1 if flags.optimizer == "sgd" else 0.001) * flags.batch_size * processes.world_size / 256
-    return with_plan(
-        flags,
-        choice,
-        device=device,
-        resume_path=resolve_resume(flags.resume, flags.run_dir),
-        asked_loader=dataclasses.asdict(asked),
-        lr=lr,
-        amp=amp,
-    )
+    return Setup(device, amp, lr, resolve_resume(flags.resume, flags.run_dir))
 
 
-def resolve_decoder(cfg, index):
-    """The TrainConfig with --decode auto resolved, once the data index is known (after resolve())."""
-    return dataclasses.replace(cfg, decode=device_decode.resolve_decoder(cfg.decode, cfg.device, index))
-
-
-def asked_loader(flags):
-    """The loader flags of `flags` (a TrainConfig before resolve()) as plan.AskedLoader."""
-    return plan.AskedLoader(
-        flags.loader, flags.workers, flags.prefetch_factor, flags.jpeg_draft, flags.decode, flags.pin_memory
-    )
-
-
-def tuned_setting(flags, device, processes_on_machine):
-    """What torchlab autotune saved for these flags (read only for --workers auto), or None."""
-    if flags.workers != "auto":
-        return None
-    return plan.tuned_setting(
-        flags.autotune_file, flags.data, flags.image_size, flags.batch_size, device, processes_on_machine
-    )
-
-
-def resolve_loader(cfg, index, processes_on_machine=1):
-    """(the TrainConfig the loader uses, its plan.LoaderPlan), once the data index is known (after resolve()): the
-    decoder resolved, then the one loader plan, /dev/shm included, from the flags as asked; the config's loader
-    fields and loader_plan are what is used (config.json shows them). Raises loader.SharedMemoryError."""
-    cfg = resolve_decoder(cfg, index)
-    asked = plan.AskedLoader(**cfg.asked_loader) if cfg.asked_loader else asked_loader(cfg)
-    tuned = tuned_setting(dataclasses.replace(cfg, workers=asked.workers), cfg.device, processes_on_machine)
-    dataset = device_decode.make_dataset(cfg.decode, index, cfg.image_size, True, cfg.seed, True)
-    one_batch_bytes = loader.dataset_batch_bytes(dataset, cfg.batch_size)
-    on_cuda = cfg.device.startswith("cuda")
-    used = plan.resolve_plan(asked, tuned, one_batch_bytes, processes_on_machine, on_cuda, cfg.decode)
-    return with_plan(cfg, used, loader_plan=used.record()), used
-
-
-def with_plan(cfg, choice, **fields):
-    """cfg with the loader fields of `choice` (a plan.LoaderPlan), and `fields`."""
-    return dataclasses.replace(
-        cfg,
-        loader=choice.backend,
-        workers=choice.workers,
-        prefetch_factor=choice.prefetch_factor,
-        jpeg_draft=choice.jpeg_draft,
-        decode=choice.decode,
-        pin_memory=choice.pin_memory,
-        autotuned=choice.autotuned,
-        **fields,
-    )
-
-
-def loader_settings(cfg, processes_on_machine=1):
-    """What build_loader takes from a resolved TrainConfig."""
-    return loader.LoaderSettings(
-        batch_size=cfg.batch_size,
-        workers=cfg.workers,
-        prefetch_factor=cfg.prefetch_factor,
-        backend=cfg.loader,
-        persistent_workers=cfg.persistent_workers,
-        pin_memory=cfg.pin_memory,
-        seed=cfg.seed,
-        processes_on_machine=processes_on_machine,
-    )
+def loader_plan(flags, device, index, processes_on_machine=1, read_tuned=True):
+    """The loader plan for `flags` (a TrainConfig) on `device` with the data of `index`: this machine's CPUs and
+    /dev/shm for `processes_on_machine` training processes, and (`read_tuned`) what torchlab autotune saved for
+    these flags, which the plan uses for --workers auto. Raises plan.PlanError (SharedMemoryError included)."""
+    tuned = None
+    if read_tuned:
+        key = (flags.data, flags.image_size, flags.batch_size, device, processes_on_machine)
+        tuned = settings.saved_for(flags.autotune_file, *key)
+    here = machine.probe(processes_on_machine, str(device).startswith("cuda"))
+    data = device_decode.plan_data(index, flags.image_size, flags.batch_size)
+    return plan.plan(flags.asked_loader(), tuned, here, data)

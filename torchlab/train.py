@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchlab import config, distributed, environment, io, metrics, model, optim, resolve
 from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
 from torchlab.data import decode, folder, splits
-from torchlab.pipeline import device_decode, loader, sampler
+from torchlab.pipeline import device_decode, loader, plan, sampler
 
 BAD_IMAGES_FILE = "bad_images.txt"  # in the run directory: every unreadable file of the run, with the reason
 TRAINING_FAILURE_STATUS = 1
@@ -150,9 +150,12 @@ class Training:
         return {"model": self.network, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler}
 
 
-def build_training(cfg, network, steps_per_epoch, device, processes):
+def build_training(cfg, setup, network, steps_per_epoch, to_device, processes):
+    """The Training of `network` for cfg's flags as `setup` (resolve.Setup) resolved them; `to_device` is the
+    batches' way to the device (device_decode.make_device_step for the loader plan's decoder)."""
+    device = to_device.device
     network.to(device, memory_format=torch.channels_last)
-    optimizer = optim.build_optimizer(network.parameters(), cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+    optimizer = optim.build_optimizer(network.parameters(), cfg.optimizer, setup.lr, cfg.momentum, cfg.weight_decay)
     scheduler = optim.warmup_cosine_schedule(
         optimizer, round(cfg.warmup_epochs * steps_per_epoch), cfg.epochs * steps_per_epoch
     )
@@ -161,17 +164,17 @@ def build_training(cfg, network, steps_per_epoch, device, processes):
     if processes.is_distributed:
         device_ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(forward_model, device_ids=device_ids)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.amp)
     return Training(
         network=network,
         forward_model=forward_model,
         train_model=train_model,
         optimizer=optimizer,
         scheduler=scheduler,
-        scaler=torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16"),
+        scaler=torch.amp.GradScaler(device.type, enabled=setup.amp == "fp16"),
         criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
         autocast=functools.partial(torch.autocast, device.type, dtype=amp_dtype, enabled=amp_dtype is not None),
-        to_device=device_decode.make_device_step(cfg.decode, device, cfg.image_size),
+        to_device=to_device,
     )
 
 
@@ -284,22 +287,22 @@ class Run:
         return bool(self.processes.is_main and minutes and (time.monotonic() - self.last_save) / 60 >= minutes)
 
 
-def start_training(cfg, network, steps_per_epoch, device, processes):
+def start_training(cfg, setup, network, steps_per_epoch, to_device, record, processes):
     """(Training, CheckpointManager, the Position to start at): restored from the checkpoint --resume picked, if
-    any. It writes nothing, so that a checkpoint whose states do not fit this run (CheckpointReadError) leaves the
-    run directory as it was."""
-    training = build_training(cfg, network, steps_per_epoch, device, processes)
-    checkpoints = CheckpointManager(cfg.run_dir, cfg.keep_checkpoints, training.components(), dataclasses.asdict(cfg))
-    position = Position() if cfg.resume_path is None else checkpoints.restore(cfg.resume_path)
+    any; each checkpoint keeps `record` (run_record). It writes nothing, so that a checkpoint whose states do not
+    fit this run (CheckpointReadError) leaves the run directory as it was."""
+    training = build_training(cfg, setup, network, steps_per_epoch, to_device, processes)
+    checkpoints = CheckpointManager(cfg.run_dir, cfg.keep_checkpoints, training.components(), record)
+    position = Position() if setup.resume_path is None else checkpoints.restore(setup.resume_path)
     return training, checkpoints, position
 
 
-def fit(cfg, start, train_loader, val_loader, processes, log, stop):
+def fit(cfg, setup, start, train_loader, val_loader, processes, log, stop):
     """The epoch loop, from `start` (what start_training returned) to --epochs, a signal or --max-steps."""
     training, checkpoints, position = start
     first_step = position.global_step
-    if cfg.resume_path is not None:
-        log.print(f"resumed from {cfg.resume_path}: epoch {position.epoch}, step {position.global_step}")
+    if setup.resume_path is not None:
+        log.print(f"resumed from {setup.resume_path}: epoch {position.epoch}, step {position.global_step}")
     bad_images = BadImages(train_loader.dataset.index, cfg.run_dir, processes)
     run = Run(cfg, processes, log, stop, bad_images, checkpoints)
     while position.epoch < cfg.epochs and not should_stop(stop, position.global_step, cfg, processes):
@@ -330,31 +333,44 @@ def fit(cfg, start, train_loader, val_loader, processes, log, stop):
         log.print(f"stopped by {stop_reason(stop, position.global_step, cfg)} {where}, step {position.global_step}")
 
 
-def measure_loader(train_loader, cfg, device, processes, log, stop):
-    """--loader-only: one epoch of batches, decoded, copied and normalised as in training, with no model."""
-    to_device = device_decode.make_device_step(cfg.decode, device, cfg.image_size)
+def measure_loader(train_loader, used, cfg, to_device, processes, log, stop):
+    """--loader-only: one epoch of batches of the loader plan `used`, decoded, copied and normalised as in
+    training, with no model."""
+    device = to_device.device
     timing = loader.timed_pass(train_loader, to_device, device, lambda t: should_stop(stop, t.batches, cfg, processes))
     images = int(distributed.sum_over_processes(torch.tensor([timing.images], device=device), processes).item())
     rate = images / timing.seconds
     record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images}
-    record.update(loader=cfg.loader, workers=cfg.workers, decode=cfg.decode)
+    record.update(loader=used.backend, workers=used.workers, decode=used.decode)
     log.write({**record, "images_per_sec": rate, "wait_seconds": timing.wait_seconds})
-    what = "decoded in the loop" if cfg.workers == 0 else f"{cfg.workers} {LOADER_UNITS[cfg.loader]}"
-    log.print(f"loader-only: {rate:.1f} images/s over {images} images ({what}, --decode {cfg.decode})")
+    what = "decoded in the loop" if used.workers == 0 else f"{used.workers} {LOADER_UNITS[used.backend]}"
+    log.print(f"loader-only: {rate:.1f} images/s over {images} images ({what}, --decode {used.decode})")
 
 
-def open_run_dir(cfg, processes, class_names):
-    """Rank 0 makes the run directory and writes config.json (the loader fields and loader_plan: what the loader
-    used); metrics.jsonl's first record is this start's loader plan. Returns the RunLog (silent on other ranks)."""
+def run_record(cfg, setup, used, world_size, class_names):
+    """What config.json and each checkpoint keep of the run: the flags as asked, what resolve found for them
+    ("resolved"), the loader plan as used ("loader_plan"), the processes and the classes."""
+    resolved = dataclasses.asdict(setup)
+    return {
+        **dataclasses.asdict(cfg),
+        "resolved": resolved,
+        "loader_plan": used.record(),
+        "world_size": world_size,
+        "classes": class_names,
+    }
+
+
+def open_run_dir(cfg, record, processes):
+    """Rank 0 makes the run directory and writes config.json (run_record); metrics.jsonl's first record is this
+    start's loader plan. Returns the RunLog (silent on other ranks)."""
     if not processes.is_main:
         return metrics.RunLog(None, interactive=False)
     os.makedirs(cfg.run_dir, exist_ok=True)
     io.remove_stale_temp_files(cfg.run_dir)
-    resolved = {**dataclasses.asdict(cfg), "world_size": processes.world_size, "classes": class_names}
     with open(os.path.join(cfg.run_dir, "config.json"), "w") as config_file:
-        json.dump(resolved, config_file, indent=2)
+        json.dump(record, config_file, indent=2)
     log = metrics.RunLog(os.path.join(cfg.run_dir, "metrics.jsonl"), interactive=sys.stdout.isatty())
-    log.write({"kind": "loader_plan", "epoch": 0, "step": 0, **cfg.loader_plan})
+    log.write({"kind": "loader_plan", "epoch": 0, "step": 0, **record["loader_plan"]})
     return log
 
 
@@ -379,21 +395,14 @@ def checked_inputs(cfg, processes):
     return class_names, train_index, val_index, network
 
 
-def make_dataset(cfg, index, train):
-    return device_decode.make_dataset(cfg.decode, index, cfg.image_size, train, cfg.seed, cfg.jpeg_draft)
-
-
-def make_loaders(cfg, train_index, val_index, device, processes):
-    """The training and validation (None without validation images) loaders, as cfg's loader plan says. Raises
-    loader.SharedMemoryError and ConfigError."""
-    settings = resolve.loader_settings(cfg, processes.local_world_size)
+def make_loaders(cfg, used, train_index, val_index, device, processes):
+    """The training and validation (None without validation images) loaders, as the loader plan `used` says.
+    Raises ConfigError where the training images make no full batch."""
 
     def make_loader(index, train):
-        return loader.build_loader(
-            make_dataset(cfg, index, train), settings, device, train, processes.rank, processes.world_size
-        )
+        dataset = device_decode.make_dataset(used.decode, index, cfg.image_size, train, used.seed, used.jpeg_draft)
+        return loader.build_loader(dataset, used, device, train, rank=processes.rank, world_size=processes.world_size)
 
-    # Before the loader is made: it may lower its workers to fit /dev/shm and say so, for nothing.
     share = sampler.EpochSampler(len(train_index), True, cfg.seed, processes.rank, processes.world_size)
     if share.samples_per_epoch() < cfg.batch_size:
         raise config.ConfigError(
@@ -409,33 +418,37 @@ def main(argv=None, prog=config.PROG):
     stop = StopRequest(under_torchrun="TORCHELASTIC_RUN_ID" in os.environ)
     # Everything that can be wrong with the input is found here, before the run directory exists.
     try:
-        cfg = resolve.resolve(config.parse_args(argv, prog), processes)
-        device = torch.device(cfg.device)
+        cfg = config.parse_args(argv, prog)
+        setup = resolve.resolve(cfg, processes)
+        device = torch.device(setup.device)
         torch.manual_seed(cfg.seed)
         class_names, train_index, val_index, network = checked_inputs(cfg, processes)
-        cfg, loader_plan = resolve.resolve_loader(cfg, train_index, processes.local_world_size)
-        train_loader, val_loader = make_loaders(cfg, train_index, val_index, device, processes)
-    except (config.ConfigError, folder.DataError, model.WeightsError, loader.SharedMemoryError) as error:
+        used = resolve.loader_plan(cfg, setup.device, train_index, processes.local_world_size)
+        train_loader, val_loader = make_loaders(cfg, used, train_index, val_index, device, processes)
+    except (config.ConfigError, folder.DataError, model.WeightsError, plan.PlanError) as error:
         io.exit_with_error(prog, error)
 
     processes = distributed.start(processes, device)
+    record = run_record(cfg, setup, used, processes.world_size, class_names)
+    to_device = device_decode.make_device_step(used.decode, device, cfg.image_size)
     try:  # before config.json is written: a --resume checkpoint of another model leaves the run dir as it was
         steps_per_epoch = loader.batches_per_epoch(train_loader)
-        start = None if cfg.loader_only else start_training(cfg, network, steps_per_epoch, device, processes)
+        if not cfg.loader_only:
+            start = start_training(cfg, setup, network, steps_per_epoch, to_device, record, processes)
     except CheckpointReadError as error:
         io.exit_with_error(prog, f"--resume {error}")
-    log = open_run_dir(cfg, processes, class_names)
+    log = open_run_dir(cfg, record, processes)
     log.print(
         f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
-        f"{cfg.arch} on {device} x {processes.world_size}; loader: {loader_plan.describe()}; run dir {cfg.run_dir}"
+        f"{cfg.arch} on {device} x {processes.world_size}; loader: {used.describe()}; run dir {cfg.run_dir}"
     )
     if processes.is_main:  # environment.json: what this run ran in (a WARNING, never a stop, if it cannot be written)
-        environment.record(cfg.run_dir, cfg.loader_plan, argv)
+        environment.record(cfg.run_dir, record["loader_plan"], argv)
     try:
         if cfg.loader_only:
-            measure_loader(train_loader, cfg, device, processes, log, stop)
+            measure_loader(train_loader, used, cfg, to_device, processes, log, stop)
         else:
-            fit(cfg, start, train_loader, val_loader, processes, log, stop)
+            fit(cfg, setup, start, train_loader, val_loader, processes, log, stop)
     except (TooManyBadImages, CheckpointWriteError) as error:
         io.exit_with_error(prog, error, status=TRAINING_FAILURE_STATUS)
     finally:

@@ -47,6 +47,14 @@ def signal_handlers_restored():
         signal.signal(number, handler)
 
 
+def given_plan(backend="processes", workers=0, prefetch_factor=2, batch_size=64, **fields):
+    """A loader plan given outright, as plan.plan could answer it (--decode cpu, pinning off), for tests of the
+    loader itself."""
+    from torchlab.pipeline import plan
+
+    return plan.LoaderPlan(backend, workers, prefetch_factor, "cpu", True, False, batch_size, **fields)
+
+
 def torchlab_command(command, *args):
     """`torchlab COMMAND ARGS`, run from this checkout's package."""
     return [sys.executable, "-m", "torchlab", command, *map(str, args)]

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from conftest import QUICK_RUN, run_train
-from torchlab import train
-from torchlab.pipeline import loader
+from torchlab import machine, train
 
 
 def test_missing_data_folder_says_how_to_mount_it(tmp_path):
@@ -70,7 +69,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, signal_handlers
 def test_more_workers_than_4_per_cpu_is_refused(tmp_path, capsys, sample_set, monkeypatch, signal_handlers_restored):
     """Found by test_generated_flags.py: --workers 1_000 (Python's int() takes it) forked hundreds of copies
     of the training process until the machine ran out of memory."""
-    monkeypatch.setattr(loader, "usable_cpu_count", lambda *args: 2)
+    monkeypatch.setattr(machine, "usable_cpu_count", lambda *args: 2)
     argv = ["--data", str(sample_set), "--run-dir", str(tmp_path / "run"), "--device", "cpu", "--loader-only"]
     with pytest.raises(SystemExit) as exit_info:
         train.main([*argv, "--workers", "1_000"])
@@ -85,7 +84,7 @@ def test_more_workers_than_4_per_cpu_is_refused(tmp_path, capsys, sample_set, mo
 
 def test_too_few_images_for_one_batch(tmp_path, capsys, monkeypatch, sample_set, signal_handlers_restored):
     # A /dev/shm too small for such batches: the loader, made first, said so before this line, or failed on it.
-    monkeypatch.setattr(loader, "shared_memory_bytes", lambda: (64 * 10**6, 64 * 10**6))
+    monkeypatch.setattr(machine, "shared_memory_bytes", lambda *args: (64 * 10**6, 64 * 10**6))
     with pytest.raises(SystemExit) as exit_info:
         train.main(["--data", str(sample_set), "--run-dir", str(tmp_path / "run"), "--batch-size", "1000"])
 

@@ -1,5 +1,6 @@
 """config.py: the parser made from TrainConfig, --config files, and resolve()."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -82,13 +83,18 @@ def test_null_is_the_default_where_that_is_none(tmp_path):
     assert (flags.weights, flags.max_steps, flags.lr) == (None, None, None)
 
 
-def test_resolve_fills_in_every_auto(tmp_path):
+def test_resolve_finds_what_the_flags_need_and_leaves_them_as_asked(tmp_path):
     flags = config.parse_args(["--run-dir", str(tmp_path / "run"), "--device", "cpu", "--autotune-file", "/dev/null"])
-    resolved = resolve.resolve(flags, distributed.Processes())
-    assert resolved.device == "cpu" and resolved.amp == "off" and resolved.pin_memory is False
-    assert isinstance(resolved.workers, int) and resolved.jpeg_draft is True
-    assert resolved.loader == "threads" and resolved.prefetch_factor == config.DEFAULT_THREAD_BATCHES_AHEAD
-    assert resolved.lr == pytest.approx(0.1 * 64 / 256) and resolved.resume_path is None
+    setup = resolve.resolve(flags, distributed.Processes())
+    assert setup == resolve.Setup("cpu", "off", pytest.approx(0.1 * 64 / 256), None)
+    assert (flags.device, flags.amp, flags.lr, flags.workers, flags.loader) == ("cpu", "auto", None, "auto", "auto")
+
+
+def test_a_train_config_holds_only_the_flags_and_cannot_be_changed():
+    flags = config.parse_args([])
+    assert all(field.metadata["group"] for field in dataclasses.fields(flags))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        flags.workers = 2
 
 
 def test_python_m_torchlab_train_is_train_py():

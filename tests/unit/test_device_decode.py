@@ -4,6 +4,7 @@ nvJPEG, which `make gpu-check` measures), crops, resizes, flips and normalises. 
 gives for the same (seed, epoch, position), fall back to the CPU for files the device does not decode, and
 report the files nothing decodes."""
 
+import json
 import os
 import shutil
 import threading
@@ -14,10 +15,10 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import run_train
-from torchlab import config, distributed, resolve
+from conftest import given_plan, run_train
+from torchlab import config, distributed, machine, resolve
 from torchlab.data import decode, folder, prepared, splits
-from torchlab.pipeline import device_decode, loader
+from torchlab.pipeline import device_decode, loader, plan
 from torchlab.tools import gpu_check
 
 CPU = torch.device("cpu")
@@ -51,8 +52,8 @@ def levels(normalised):
 
 
 def batches(dataset, step, workers, epoch, batch_size=8):
-    settings = loader.LoaderSettings(batch_size=batch_size, workers=workers, prefetch_factor=2, pin_memory=False)
-    train_loader = loader.build_loader(dataset, settings, CPU, train=dataset.train)
+    settings = given_plan(workers=workers, batch_size=batch_size)
+    train_loader = loader.build_loader(dataset, settings, CPU, shuffle=dataset.train)
     train_loader.sampler.set_epoch(epoch)
     # clone: BatchToDevice reuses its CPU output buffer; clone keeps the memory format.
     return [(normalised.clone(), labels.cpu(), bad) for normalised, labels, bad in step.batches(train_loader)]
@@ -217,10 +218,14 @@ def test_auto_means_gpu_only_on_cuda_with_jpegs(sample_set, tmp_path):
         Image.new("RGB", (20, 20)).save(pngs / f"{number}.png")
     png_index = folder.index_image_folder(str(tmp_path / "pngs"), 0.0, 0)[1]
 
-    assert device_decode.resolve_decoder("auto", "cuda:0", jpegs) == "gpu"
-    assert device_decode.resolve_decoder("auto", "cuda:1", png_index) == "cpu"
-    assert device_decode.resolve_decoder("auto", "cpu", jpegs) == "cpu"
-    assert device_decode.resolve_decoder("cpu", "cuda:0", jpegs) == "cpu"
+    def decoder(asked, cuda, index):
+        data = device_decode.plan_data(index, 32, 8)
+        return plan.plan(plan.Asked(decode=asked), None, machine.Machine(2, None, 1, cuda), data).decode
+
+    assert decoder("auto", True, jpegs) == "gpu"
+    assert decoder("auto", True, png_index) == "cpu"
+    assert decoder("auto", False, jpegs) == "cpu"
+    assert decoder("cpu", True, jpegs) == "cpu"
     assert device_decode.mostly_jpegs(jpegs) and not device_decode.mostly_jpegs(png_index)
 
 
@@ -231,8 +236,10 @@ def test_train_py_decodes_on_the_cpu_without_cuda_and_saves_the_choice(sample_se
     small = "--loader-only --batch-size 8 --workers 1 --image-size 32".split()
     result = run_train("--data", sample_set, "--run-dir", run_dir, *small, timeout=180)
     assert result.returncode == 0, result.stderr
-    assert "; --decode cpu (auto);" in result.stdout and "(1 decode threads, --decode cpu)" in result.stdout
-    assert '"decode": "cpu"' in (run_dir / "config.json").read_text()
+    assert "; --decode cpu (auto: no CUDA device);" in result.stdout
+    assert "(1 decode threads, --decode cpu)" in result.stdout
+    record = json.loads((run_dir / "config.json").read_text())
+    assert (record["decode"], record["loader_plan"]["decode"]) == ("auto", "cpu")  # as asked, and as used
 
 
 def test_decode_gpu_without_cuda_is_one_line_and_exit_2(sample_set, tmp_path):
@@ -252,9 +259,10 @@ def test_the_resolved_decoder_follows_the_flags(sample_set, tmp_path):
     processes = distributed.processes_from_environment()
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
     for flags, expected in (([], "cpu"), (["--decode", "cpu"], "cpu")):
-        cfg = resolve.resolve(config.parse_args([*argv, *flags]), processes)
+        cfg = config.parse_args([*argv, *flags])
+        setup = resolve.resolve(cfg, processes)
         assert cfg.decode == ("auto" if not flags else "cpu")
-        assert resolve.resolve_decoder(cfg, train_index).decode == expected
+        assert resolve.loader_plan(cfg, setup.device, train_index).decode == expected
 
 
 def test_the_encoded_batch_budget_covers_large_files(sample_set):

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from conftest import ROOT, torchlab_command
-from torchlab import config
+from torchlab import config, machine
 from torchlab.data import prepared, splits
 from torchlab.pipeline import device_decode, loader, plan
 from torchlab.tools import doctor
 
 MIB = 2**20
 BATCH_BYTES = 64 * 224 * 224 * 3  # train.py's default batch: 64 uint8 images of 224 x 224 x 3
-AUTO_WORKERS = plan.planned_workers("auto", None, loader.usable_cpu_count(), 1, {})  # the plan's, for one process
+AUTO_WORKERS = plan.planned_workers("auto", None, machine.probe(), {})  # the plan's, for one process
 
 
 def run_doctor(*args):
@@ -119,53 +119,64 @@ def test_an_unreadable_sub_folder_fails_with_the_chmod_fix(sample_set, tmp_path)
 
 
 # ---------------------------------------------------------------- /dev/shm
+def shm_row(shm, workers, prefetch_factor, batch_size=64, processes=1):
+    """The doctor's /dev/shm row for --loader processes with these flags, from the plan train.py makes."""
+    asked = plan.Asked("processes", workers, prefetch_factor, batch_size=batch_size)
+    here = machine.Machine(64, None if shm is None else shm[1], processes)
+    try:
+        outcome = plan.plan(asked, None, here, plan.Data({"cpu": batch_size * 224 * 224 * 3}))
+    except plan.SharedMemoryError as error:
+        outcome = error
+    return doctor.check_shared_memory(shm, outcome, processes)
+
+
 def test_shared_memory_smaller_than_the_batches_asked_for_warns_with_what_the_loader_uses():
     needed = (2 * 4 + 2) * BATCH_BYTES  # in flight, and the two batches the training process holds
-    check = doctor.check_shared_memory((64 * MIB, 64 * MIB), 2, prefetch_factor=4, batch_size=64, image_size=224)
+    check = shm_row((64 * MIB, 64 * MIB), 2, prefetch_factor=4)
     assert needed > 64 * MIB
     assert check.status == doctor.WARN
     assert check.facts["needed"] == needed
-    assert (check.facts["loader_workers"], check.facts["loader_prefetch_factor"]) == (2, 2)
-    assert "train.py lowers the loader to 2 workers x 2 prefetched" in check.detail
+    assert (check.facts["workers"], check.facts["prefetch_factor"]) == (2, 2)
+    assert "train.py's loader is lowered from 2 x 4: /dev/shm has 67 MB free" in check.detail
     assert "--shm-size=8g" in check.fix
 
 
 def test_shared_memory_too_small_for_one_workers_batches_fails():
-    check = doctor.check_shared_memory((64 * MIB, 10 * MIB), 2, prefetch_factor=4, batch_size=64, image_size=224)
+    check = shm_row((64 * MIB, 10 * MIB), 2, prefetch_factor=4)
     assert check.status == doctor.FAIL
-    assert "not one worker's batches fit" in check.detail
+    assert "not enough for one loader worker's batches" in check.detail and "train.py stops" in check.detail
 
 
 def test_shared_memory_with_little_room_warns_and_with_room_is_ok():
     needed = (2 * 4 + 2) * BATCH_BYTES
-    tight = doctor.check_shared_memory((needed + MIB, needed + MIB), 2, 4, 64, 224)
-    assert tight.status == doctor.WARN
-    roomy = doctor.check_shared_memory((8 * 2**30, 8 * 2**30), 2, 4, 64, 224)
+    tight = shm_row((needed + MIB, needed + MIB), 2, 4)
+    assert tight.status == doctor.WARN and "little room left" in tight.detail
+    roomy = shm_row((8 * 2**30, 8 * 2**30), 2, 4)
     assert roomy.status == doctor.OK
     assert roomy.fix == ""
 
 
 def test_shared_memory_counts_free_space_processes_and_no_workers():
     size = 8 * 2**30
-    assert doctor.check_shared_memory((size, 10 * MIB), 2, 4, 64, 224).status == doctor.FAIL
-    eight_processes = doctor.check_shared_memory((size, size), 8, 4, 256, 224, processes=8)
+    assert shm_row((size, 10 * MIB), 2, 4).status == doctor.FAIL
+    eight_processes = shm_row((size, size), 8, 4, batch_size=256, processes=8)
     assert eight_processes.facts["needed"] == 8 * (8 * 4 + 2) * 256 * 224 * 224 * 3  # 9.8 GiB > 8 GiB
     assert eight_processes.status == doctor.WARN
     assert "--shm-size=20g" in eight_processes.fix  # twice the 9.8 GiB, rounded up
-    assert doctor.check_shared_memory((64 * MIB, 64 * MIB), 0, 4, 64, 224).status == doctor.OK
-    assert doctor.check_shared_memory(None, 2, 4, 64, 224).status == doctor.FAIL
+    assert shm_row((64 * MIB, 64 * MIB), 0, 4).status == doctor.OK
+    assert shm_row(None, 2, 4).status == doctor.FAIL
 
 
 def test_the_real_dev_shm_is_read():
-    size, free = loader.shared_memory_bytes()
+    size, free = machine.shared_memory_bytes()
     assert size == os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize
     assert 0 <= free <= size
-    assert loader.shared_memory_bytes("/no/such/folder") is None
+    assert machine.shared_memory_bytes("/no/such/folder") is None
 
 
 # ---------------------------------------------------------------- CPUs and the run dir
 def test_more_workers_than_usable_cpus_warn_with_a_count_that_fits():
-    usable = loader.usable_cpu_count()
+    usable = machine.usable_cpu_count()
     check = doctor.check_cpus(workers=usable + 1)
     assert check.status == doctor.WARN
     assert f"--workers {usable}" in check.fix
@@ -288,8 +299,8 @@ def test_the_shared_memory_row_sizes_batches_as_the_loader_does_with_decode_gpu(
     encoded = device_decode.EncodedImageDataset(train_index, 32, train=True, seed=0)
     one_batch_bytes = loader.dataset_batch_bytes(encoded, 8)
     assert one_batch_bytes > loader.batch_bytes(8, 32)
-    assert shm.facts["needed"] == (2 * 4 + loader.BATCHES_HELD_BY_MAIN) * one_batch_bytes
-    assert "x 8 encoded files of" in shm.detail
+    assert shm.facts["needed"] == (2 * 4 + plan.BATCHES_HELD_BY_MAIN) * one_batch_bytes
+    assert f"batches of {doctor.format_bytes(one_batch_bytes)}" in shm.detail
 
 
 def test_nvjpeg_check_compares_with_the_cpu_decode():
@@ -363,12 +374,25 @@ def test_command_help_documents_exit_status_and_a_bad_flag_exits_2():
     bad = run_doctor("--workers", "many")
     assert bad.returncode == 2
     assert "--workers" in bad.stderr
+    # train.py's own flags, with train.py's checks: an --image-size train.py refuses, the doctor refuses.
+    too_large = run_doctor("--image-size", "5000")
+    assert too_large.returncode == 2 and "--image-size: expected an integer > 0 and <= 4096" in too_large.stderr
+
+
+def test_the_doctors_loader_flags_are_train_pys_own():
+    def options(parser):
+        return {action.dest: (action.default, action.help, action.type) for action in parser._actions}
+
+    train_flags, doctor_flags = options(config.build_parser()), options(doctor.build_parser())
+    assert {name: doctor_flags[name] for name in doctor.DOCTOR_FLAGS} == {
+        name: train_flags[name] for name in doctor.DOCTOR_FLAGS
+    }
 
 
 def test_autotuned_workers_are_shown_as_such_not_flagged():
     """Issue 30: after autotune saved 3 workers on 2 CPUs, the doctor warned "more workers than CPUs; fix:
     --workers 2 (or auto)" though auto gave 3."""
-    usable = loader.usable_cpu_count()
+    usable = machine.usable_cpu_count()
     check = doctor.check_cpus(workers=usable + 1, tuned="autotuned (saved 2025-01-02, for these flags)")
     assert check.status == doctor.OK and not check.fix
     assert f"autotuned: {usable + 1} loader workers (saved 2025-01-02, for these flags)" in check.detail

@@ -15,7 +15,7 @@ import numpy
 import pytest
 
 from conftest import QUICK_RUN, ROOT, TRAIN_ENV, read_metrics, run_train, torchlab_command
-from torchlab import environment
+from torchlab import environment, machine
 from torchlab.pipeline import loader
 from torchlab.tools import env as env_tool
 
@@ -54,14 +54,14 @@ def test_the_record_holds_the_packages_versions_machine_and_the_plan_as_used(sam
     assert {"torch", "torchvision", "pillow"} <= names.keys()
     assert record["versions"]["torch"] == __import__("torch").__version__
     assert record["machine"]["cpus"] == len(os.sched_getaffinity(0))
-    assert record["machine"]["shm_bytes"] == loader.shared_memory_bytes()[0]
+    assert record["machine"]["shm_bytes"] == machine.shared_memory_bytes()[0]
     assert record["command"]["flags"][:2] == ["--data", str(sample_set)]
     assert record["command"]["cwd"] == os.getcwd()
 
 
 @pytest.mark.small_shm
 def test_under_a_small_dev_shm_the_record_holds_the_lowered_plan(sample_set, tmp_path):
-    shm = loader.shared_memory_bytes()
+    shm = machine.shared_memory_bytes()
     if shm is None or shm[1] >= ASKED_IN_FLIGHT_BYTES:
         pytest.skip("needs a /dev/shm with less than 77 MB free (docker run --shm-size=64m)")
     run_dir = tmp_path / "run"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import TRAIN_ENV, torchlab_command
+from torchlab import machine
 from torchlab.data import decode
-from torchlab.pipeline import loader
 from torchlab.tools import bench_data, gpu_check
 
 
@@ -27,7 +27,7 @@ def test_the_dry_run_reports_every_figure(tmp_path):
         f"{source} --decode {decoder}" for source in ("raw", "prepared") for decoder in ("cpu", "gpu")
     }
     assert all(rate > 0 for rate in report["decode"].values())
-    counts = sorted({1, 2, 4, 8, loader.usable_cpu_count()} & set(range(1, loader.usable_cpu_count() + 1)))
+    counts = sorted({1, 2, 4, 8, machine.usable_cpu_count()} & set(range(1, machine.usable_cpu_count() + 1)))
     assert set(report["scaling"]) == {
         f"{backend} --decode {decoder}" for backend in ("threads", "processes") for decoder in ("cpu", "gpu")
     }

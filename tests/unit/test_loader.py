@@ -1,7 +1,6 @@
 """loader.py: CPU counting, the resumable sharded sampler, uint8 batches, and worker memory."""
 
 import dataclasses
-import os
 import threading
 import time
 
@@ -10,38 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import given_plan
 from torchlab.data import decode, folder, splits
 from torchlab.pipeline import loader, sampler
 from torchlab.tools import bench
-
-
-def write_cgroup_files(root, files):
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-
-
-@pytest.mark.parametrize(
-    ("files", "limit"),
-    [
-        ({"cpu.max": "max 100000\n"}, None),
-        ({"cpu.max": "150000 100000\n"}, 1.5),
-        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
-        ({"cpu,cpuacct/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 3.0),
-        ({}, None),
-    ],
-)
-def test_cgroup_cpu_limit_reads_v1_and_v2(tmp_path, files, limit):
-    write_cgroup_files(tmp_path, files)
-    assert loader.cgroup_cpu_limit(str(tmp_path)) == limit
-
-
-def test_usable_cpus_count_affinity_and_quota_not_cpu_count(tmp_path):
-    affinity = len(os.sched_getaffinity(0))
-    write_cgroup_files(tmp_path, {"cpu.max": "50000 100000\n"})
-    assert loader.usable_cpu_count(str(tmp_path)) == 1
-    write_cgroup_files(tmp_path, {"cpu.max": f"{(affinity + 4) * 100000} 100000\n"})
-    assert loader.usable_cpu_count(str(tmp_path)) == affinity
 
 
 def shares(sampler_for_rank, world_size):
@@ -107,7 +78,7 @@ class KeyDataset(torch.utils.data.Dataset):
 def test_batches_per_epoch_counts_a_whole_epoch_whatever_the_skip(train, rank, world_size, batches):
     """103 samples in batches of 4: training deals 25 to each of 4 processes, 6 full batches; validation 35 of
     them to the first of 3, in 9 batches, the last one short."""
-    settings = loader.LoaderSettings(batch_size=4, workers=0, pin_memory=False)
+    settings = given_plan(batch_size=4)
     data_loader = loader.build_loader(KeyDataset(103), settings, torch.device("cpu"), train, rank, world_size)
     whole = list(data_loader)
     assert loader.batches_per_epoch(data_loader) == len(data_loader) == len(whole) == batches
@@ -166,7 +137,7 @@ def test_the_cpu_step_gives_what_converting_the_interleaved_batch_gives():
 
 
 def loader_options(workers):
-    return loader.LoaderSettings(batch_size=8, workers=workers, prefetch_factor=2, pin_memory=False)
+    return given_plan(workers=workers, batch_size=8)
 
 
 def test_workers_yield_the_same_batches_as_the_main_process(sample_set):
@@ -174,7 +145,7 @@ def test_workers_yield_the_same_batches_as_the_main_process(sample_set):
     dataset = decode.ImageDataset(train_index.subset(np.arange(24)), image_size=32, train=True, seed=0)
 
     def epoch_batches(workers, epoch):
-        train_loader = loader.build_loader(dataset, loader_options(workers), torch.device("cpu"), train=True)
+        train_loader = loader.build_loader(dataset, loader_options(workers), torch.device("cpu"), shuffle=True)
         train_loader.sampler.set_epoch(epoch)
         return list(train_loader)
 
@@ -208,9 +179,7 @@ def test_worker_memory_does_not_grow_with_the_number_of_samples():
 
 
 def thread_options(threads, batches_ahead=2):
-    return loader.LoaderSettings(
-        batch_size=8, workers=threads, prefetch_factor=batches_ahead, backend="threads", pin_memory=False
-    )
+    return given_plan("threads", threads, batches_ahead, batch_size=8)
 
 
 def test_threads_yield_the_batches_worker_processes_yield(sample_set):
@@ -221,7 +190,7 @@ def test_threads_yield_the_batches_worker_processes_yield(sample_set):
     dataset = decode.ImageDataset(train_index.subset(np.arange(44)), image_size=32, train=True, seed=0)
 
     def epoch_batches(settings, epoch, skip=0):
-        data_loader = loader.build_loader(dataset, settings, torch.device("cpu"), train=True)
+        data_loader = loader.build_loader(dataset, settings, torch.device("cpu"), shuffle=True)
         data_loader.sampler.set_epoch(epoch, skip)
         return [(images.clone(), labels.clone(), bad.clone()) for images, labels, bad in data_loader]
 
@@ -269,7 +238,7 @@ def test_unreadable_images_are_left_out_and_named_by_the_threads(sample_set, tmp
     index = folder.SampleIndex(paths, train_index.labels[:16])
     dataset = decode.ImageDataset(index, image_size=32, train=False, seed=0)
     (images, labels, bad), second = list(
-        loader.build_loader(dataset, thread_options(2), torch.device("cpu"), train=False)
+        loader.build_loader(dataset, thread_options(2), torch.device("cpu"), shuffle=False)
     )
     assert bad.tolist() == [5] and images.shape == (7, 32, 32, 3)
     assert labels.tolist() == [int(label) for position, label in enumerate(index.labels[:8]) if position != 5]
@@ -298,7 +267,7 @@ def decode_threads():
 def test_a_loop_that_stops_early_leaves_no_thread_behind():
     """train.py returns from its epoch loop at a SIGTERM: the pass's generator is closed, and its threads (some
     waiting for a free buffer, some inside a sample) must all end with it."""
-    data_loader = loader.build_loader(KeyDataset(400), thread_options(3), torch.device("cpu"), train=True)
+    data_loader = loader.build_loader(KeyDataset(400), thread_options(3), torch.device("cpu"), shuffle=True)
     batches = iter(data_loader)
     next(batches)
     assert len(decode_threads()) == 3
@@ -306,7 +275,7 @@ def test_a_loop_that_stops_early_leaves_no_thread_behind():
     assert decode_threads() == []
 
     gate = threading.Event()
-    blocked = loader.build_loader(Unreliable(400, gate=gate), thread_options(3), torch.device("cpu"), train=True)
+    blocked = loader.build_loader(Unreliable(400, gate=gate), thread_options(3), torch.device("cpu"), shuffle=True)
     passes = [iter(blocked)]
     opened = threading.Thread(target=lambda: next(passes[0], None))
     opened.start()

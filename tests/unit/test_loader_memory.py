@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import torch
 
+from conftest import given_plan
 from torchlab.data import folder
 from torchlab.pipeline import loader
 
@@ -59,8 +60,8 @@ def million_sample_index():
 
 def test_thread_loader_memory_is_flat_over_an_epoch_of_a_million_samples():
     dataset = IndexReadingDataset(million_sample_index())
-    settings = loader.LoaderSettings(batch_size=BATCH_SIZE, workers=2, prefetch_factor=2, backend="threads")
-    data_loader = loader.build_loader(dataset, settings, torch.device("cpu"), train=True)
+    settings = given_plan("threads", 2, 2, batch_size=BATCH_SIZE)
+    data_loader = loader.build_loader(dataset, settings, torch.device("cpu"), shuffle=True)
     data_loader.sampler.set_epoch(0)
     last = SAMPLES // BATCH_SIZE
     batches = 0
@@ -70,7 +71,7 @@ def test_thread_loader_memory_is_flat_over_an_epoch_of_a_million_samples():
         if batches == 50:  # the pass is under way: its order, ring and threads exist
             start, start_blocks = resident_bytes(), sys.getallocatedblocks()
         if batches == last:  # measured in the pass: what it keeps is freed with it when it ends
-            growth_blocks, growth_mb = sys.getallocatedblocks() - start_blocks, (resident_bytes() - start) / loader.MB
+            growth_blocks, growth_mb = sys.getallocatedblocks() - start_blocks, (resident_bytes() - start) / 1e6
     assert batches == last
     assert growth_blocks < GROWTH_LIMIT_BLOCKS, f"{growth_blocks} more Python objects over the epoch"
     assert growth_mb < GROWTH_LIMIT_MB, f"resident memory grew {growth_mb:.1f} MB over the epoch"

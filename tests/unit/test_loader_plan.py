@@ -1,31 +1,34 @@
-"""The loader plan (issue 26): one function turns the flags, autotune's saved setting, the CPUs and /dev/shm into
-what the loader does, with the reason for each; train.py records the plan it used in its start line,
-metrics.jsonl's first record and config.json."""
+"""The loader plan (issues 26 and 36): one pure function turns the flags as asked, autotune's saved setting, the
+machine (CPUs, /dev/shm, CUDA) and the data into what the loader does, with the reason for each; train.py makes
+it once and records it, beside the flags as asked, in its start line, metrics.jsonl's first record and
+config.json."""
 
 import json
 
 import pytest
+import torch
 
 from conftest import QUICK_RUN
-from torchlab import config, train
+from torchlab import machine, train
 from torchlab.pipeline import loader, plan
 
 MB = 1_000_000
 BATCH_256 = loader.batch_bytes(256, 224)  # 38.5 MB
 
 
-def plan_for(tuned=None, shm_free=64 * MB, one_batch=BATCH_256, cpus=2, **asked):
-    return plan.plan_loader(plan.AskedLoader(**asked), tuned, cpus, shm_free, one_batch)
+def plan_for(tuned=None, shm_free=64 * MB, one_batch=BATCH_256, cpus=2, cuda=False, mostly_jpegs=True, **asked):
+    data = plan.Data({"cpu": one_batch, "gpu": one_batch}, mostly_jpegs)
+    return plan.plan(plan.Asked(**asked), tuned, machine.Machine(cpus, shm_free, 1, cuda), data)
 
 
 def test_auto_takes_threads_where_dev_shm_cannot_hold_the_workers_batches():
     """Docker's default 64 MB /dev/shm: batch 256 of 224 px does not fit one worker process (it refused to start,
     issue 26); auto then decodes in threads with the CPUs' share of them, and says why."""
     used = plan_for()
-    assert (used.backend, used.workers, used.prefetch_factor) == ("threads", 2, config.DEFAULT_THREAD_BATCHES_AHEAD)
+    assert (used.backend, used.workers, used.prefetch_factor) == ("threads", 2, plan.DEFAULT_THREAD_BATCHES_AHEAD)
     assert "/dev/shm has 64 MB free" in used.reasons["backend"]
     assert "threads" in used.describe() and "/dev/shm" in used.describe()
-    with pytest.raises(loader.SharedMemoryError, match="--loader threads"):
+    with pytest.raises(plan.SharedMemoryError, match="--loader threads"):
         plan_for(loader="processes")
 
 
@@ -57,7 +60,7 @@ def test_a_saved_setting_gives_backend_workers_and_batches_for_workers_auto():
     )
     assert used.reasons["workers"] == "autotuned (saved 2025-01-02, for these flags)"
     explicit = plan_for(tuned, shm_free=None, workers=1)
-    assert (explicit.backend, explicit.workers, explicit.autotuned) == (config.DEFAULT_BACKEND, 1, False)
+    assert (explicit.backend, explicit.workers, explicit.autotuned) == (plan.DEFAULT_BACKEND, 1, False)
     old = plan_for({k: v for k, v in tuned.items() if k != "loader"}, shm_free=None)  # saved before threads
     assert old.backend == "processes"
 
@@ -75,17 +78,18 @@ def read_jsonl(path):
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        ((), {"loader": "threads", "workers": 2, "prefetch_factor": config.DEFAULT_THREAD_BATCHES_AHEAD}),
-        (("--loader", "processes"), {"loader": "processes", "workers": 1, "prefetch_factor": 1}),
+        ((), {"backend": "threads", "workers": 2, "prefetch_factor": plan.DEFAULT_THREAD_BATCHES_AHEAD}),
+        (("--loader", "processes"), {"backend": "processes", "workers": 1, "prefetch_factor": 1}),
     ],
 )
 def test_train_records_the_plan_it_used(
     sample_set, tmp_path, capsys, monkeypatch, signal_handlers_restored, flags, expected
 ):
     """/dev/shm made small for batch 16 x 224 px (2.4 MB): 8 MB free holds one worker's one batch, no more. The
-    start line, metrics.jsonl's first record and config.json all show the loader as used, with the reason."""
-    monkeypatch.setattr(loader, "shared_memory_bytes", lambda path=loader.SHM_PATH: (64 * MB, 8 * MB))
-    monkeypatch.setattr(loader, "usable_cpu_count", lambda cgroup_root=None: 2)
+    start line, metrics.jsonl's first record and config.json all show the loader as used, with the reason;
+    config.json's flags stay as asked."""
+    monkeypatch.setattr(machine, "shared_memory_bytes", lambda path=machine.SHM_PATH: (64 * MB, 8 * MB))
+    monkeypatch.setattr(machine, "usable_cpu_count", lambda cgroup_root=None: 2)
     run_dir = tmp_path / "run"
     quick = [flag for flag in QUICK_RUN]
     quick[quick.index("--image-size") + 1] = "224"
@@ -96,15 +100,65 @@ def test_train_records_the_plan_it_used(
     out = capsys.readouterr().out
     config = json.loads((run_dir / "config.json").read_text())
     first = read_jsonl(run_dir / "metrics.jsonl")[0]
-    assert {key: config[key] for key in expected} == expected
+    assert {key: config["loader_plan"][key] for key in expected} == expected
+    assert (config["workers"], config["prefetch_factor"]) == ("auto", None)
+    assert config["loader"] == ("processes" if flags else "auto")
     assert first["kind"] == "loader_plan" and first == {
         "kind": "loader_plan",
         "epoch": 0,
         "step": 0,
         **config["loader_plan"],
     }
-    assert first["backend"] == expected["loader"] and first["workers"] == expected["workers"]
+    assert first["backend"] == expected["backend"] and first["workers"] == expected["workers"]
     reason = first["reasons"]["backend" if not flags else "workers"]
     assert "/dev/shm has 8 MB free" in reason
     fields = {key: value for key, value in first.items() if key in plan.LoaderPlan.__dataclass_fields__}
     assert f"loader: {plan.LoaderPlan(**fields).describe()}" in out
+
+
+def test_decode_auto_is_gpu_on_cuda_where_most_files_are_jpegs_else_cpu_or_what_autotune_saved():
+    assert plan_for(cuda=True).decode == "gpu"
+    assert plan_for(cuda=True, mostly_jpegs=False).decode == "cpu"
+    on_the_cpu = plan_for(cuda=False)
+    assert on_the_cpu.decode == "cpu" and on_the_cpu.reasons["decode"] == "auto: no CUDA device"
+    assert plan_for(cuda=True, decode="cpu").decode == "cpu" and plan_for(decode="gpu").decode == "gpu"
+    tuned = {"workers": 1, "prefetch_factor": 2, "jpeg_draft": True, "decode": "cpu", "tuned_at": "2026-01-02"}
+    assert plan_for(tuned, cuda=True).decode == "cpu"  # saved for these flags, with --workers auto
+    assert plan_for(tuned, cuda=True, workers=1).decode == "gpu"  # an explicit --workers reads nothing saved
+
+
+def test_workers_beyond_four_per_usable_cpu_are_refused_with_the_most_allowed():
+    assert plan_for(workers=8, cpus=2, shm_free=None).workers == 8
+    with pytest.raises(
+        plan.PlanError, match=r"^--workers 9: expected at most 8 \(4 per usable CPU, 2 here\), or auto$"
+    ):
+        plan_for(workers=9, cpus=2)
+
+
+def test_the_plan_reads_nothing_from_the_machine_itself(monkeypatch):
+    """Pure: the same inputs give the same plan, and the machine it is given is the only one it knows."""
+
+    def no_probe(*args):
+        raise AssertionError("the plan probed the machine")
+
+    monkeypatch.setattr(machine, "usable_cpu_count", no_probe)
+    monkeypatch.setattr(machine, "shared_memory_bytes", no_probe)
+    assert plan_for(cpus=3) == plan_for(cpus=3) and plan_for(cpus=3).workers == 3
+
+
+def test_build_loader_takes_batch_size_seed_and_workers_from_the_plan_alone():
+    used = plan_for(workers=0, batch_size=5, seed=7, shm_free=None)
+    data_loader = loader.build_loader(list(range(12)), used, torch.device("cpu"), shuffle=False)
+    assert (data_loader.batch_size, data_loader.sampler.seed, data_loader.threads) == (5, 7, 0)
+
+
+def test_train_makes_the_loader_plan_once(sample_set, tmp_path, monkeypatch, signal_handlers_restored):
+    """Once, after the data index is known: not before it and again after, nor a third time in build_loader."""
+    calls = []
+    real_plan = plan.plan
+    monkeypatch.setattr(plan, "plan", lambda *args: calls.append(args) or real_plan(*args))
+    run_dir = tmp_path / "run"
+    train.main(["--data", str(sample_set), "--run-dir", str(run_dir), "--loader-only", "--max-steps", "1", *QUICK_RUN])
+    assert len(calls) == 1
+    asked, tuned, here, data = calls[0]
+    assert (asked.workers, tuned, here.processes) == ("auto", None, 1) and data.batch_bytes["cpu"] == 16 * 48 * 48 * 3

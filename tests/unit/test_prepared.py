@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import given_plan
 from torchlab.data import decode, folder, prepared, splits
 from torchlab.pipeline import loader
 from torchlab.tools import doctor, prepare
@@ -43,8 +44,8 @@ def test_prepared_samples_decode_the_same_in_workers(prepared_set):
     dataset = decode.ImageDataset(train_index.subset(np.arange(16)), image_size=32, train=True, seed=0)
 
     def batches(workers):
-        settings = loader.LoaderSettings(batch_size=8, workers=workers, prefetch_factor=2, persistent_workers=False)
-        return [images for images, _, _ in loader.build_loader(dataset, settings, torch.device("cpu"), train=True)]
+        settings = given_plan(workers=workers, batch_size=8, persistent_workers=False)
+        return [images for images, _, _ in loader.build_loader(dataset, settings, torch.device("cpu"), shuffle=True)]
 
     in_main_process, in_workers = batches(0), batches(2)
     assert len(in_main_process) == 2 and in_main_process[0].shape == (8, 32, 32, 3)

@@ -26,7 +26,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from torchlab.data import decode
-from torchlab.pipeline import loader
+from torchlab.pipeline import loader, plan
 
 JPEG_START = b"\xff\xd8\xff"
 JPEG_END = b"\xff\xd9"
@@ -50,12 +50,12 @@ def mostly_jpegs(index, count=SNIFFED_SAMPLES):
     return jpegs * 2 > len(positions)
 
 
-def resolve_decoder(decoder, device, index):
-    """--decode auto, once the data index is known: gpu on a CUDA `device` when most images of `index` are
-    JPEGs, else cpu; cpu and gpu stay."""
-    if decoder != "auto":
-        return decoder
-    return "gpu" if str(device).startswith("cuda") and mostly_jpegs(index) else "cpu"
+def plan_data(index, image_size, batch_size):
+    """What the loader plan takes of train.py's data (plan.Data): one batch's bytes in /dev/shm for each decoder,
+    and whether most files of `index` are JPEGs (--decode auto's gpu needs that)."""
+    encoded = EncodedImageDataset(index, image_size, train=True, seed=0, draft=True)
+    batch_bytes = {"cpu": loader.batch_bytes(batch_size, image_size), "gpu": encoded.batch_bytes(batch_size)}
+    return plan.Data(batch_bytes, mostly_jpegs(index))
 
 
 def device_decodable_size(data):

@@ -1,10 +1,8 @@
-"""The input pipeline: decode threads or worker processes, uint8 batches, the /dev/shm budget, normalising on the
-device.
+"""The input pipeline: decode threads or worker processes, uint8 batches, normalising on the device.
 
-build_loader(dataset, settings, device, train) is the one place a loader is made (a threads.ThreadLoader, or a
-DataLoader of worker processes, as settings.backend says, from a LoaderSettings). fit_shared_memory is the one
-answer to "do the batches fit in /dev/shm, and if not, what does". timed_pass is the one loop that reads a pass
-as training does and times it.
+build_loader(dataset, plan, device) is the one place a loader is made: a threads.ThreadLoader, or a DataLoader of
+worker processes, as the plan (plan.LoaderPlan) says. timed_pass is the one loop that reads a pass as training
+does and times it.
 
 Batches stay uint8 (N, H, W, 3) from decoding to the device: a quarter of float32's bytes through the
 worker queues, pinned memory and the bus. BatchToDevice turns them into normalised float NCHW tensors in
@@ -12,104 +10,17 @@ channels_last memory (the same bytes, seen through permuted strides) on the devi
 """
 
 import dataclasses
-import math
 import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-from torchlab import config
 from torchlab.pipeline import sampler, threads
 
-CGROUP_ROOT = "/sys/fs/cgroup"
-MAX_AUTO_WORKERS = 8
-MAX_WORKERS_PER_CPU = 4  # --workers N above this per usable CPU is refused
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-SHM_PATH = "/dev/shm"
 IMAGE_CHANNELS = 3
-# Besides the workers x prefetch_factor batches in flight, the main process holds the batch it is using and
-# the one it has just received, both still in /dev/shm.
-BATCHES_HELD_BY_MAIN = 2
-MB = 1e6
-
-
-class SharedMemoryError(RuntimeError):
-    """/dev/shm cannot hold even one worker's batch: the message says how to fix it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LoaderSettings:
-    """What build_loader needs to know besides the dataset: train.py's loader flags, resolved (workers a number):
-    plan.LoaderPlan.settings makes them. backend "threads": `workers` decode threads (0: decoded in the loop)
-    and `prefetch_factor` batches decoded ahead; "processes": a DataLoader of `workers` worker processes, each
-    `prefetch_factor` batches ahead."""
-
-    batch_size: int = 64
-    workers: int = 0
-    prefetch_factor: int = config.DEFAULT_PREFETCH_FACTOR
-    backend: str = "processes"
-    persistent_workers: bool = True
-    pin_memory: bool = None  # None: when the device is CUDA
-    seed: int = 0
-    processes_on_machine: int = 1  # training processes sharing this machine's /dev/shm
-
-
-@dataclasses.dataclass(frozen=True)
-class SharedMemoryFit:
-    """fit_shared_memory's answer: the /dev/shm bytes the asked settings need (all processes on the machine),
-    whether they fit, and the (workers, prefetch_factor) the loader uses, or possible=False when not even one
-    worker's batches fit."""
-
-    needed: int
-    fits: bool
-    workers: int
-    prefetch_factor: int
-    possible: bool
-
-
-def cgroup_cpu_limit(root=CGROUP_ROOT):
-    """CPUs the cgroup CPU quota allows (e.g. 1.5 for docker run --cpus=1.5), or None without a quota."""
-    try:  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-        with open(os.path.join(root, "cpu.max")) as cpu_max:
-            quota, period = cpu_max.read().split()
-        return None if quota == "max" else int(quota) / int(period)
-    except FileNotFoundError:
-        pass
-    for controller in ("cpu", "cpu,cpuacct"):  # cgroup v1: a quota of -1 means none
-        try:
-            with open(os.path.join(root, controller, "cpu.cfs_quota_us")) as quota_file:
-                quota = int(quota_file.read())
-            with open(os.path.join(root, controller, "cpu.cfs_period_us")) as period_file:
-                period = int(period_file.read())
-        except FileNotFoundError:
-            continue
-        return None if quota <= 0 else quota / period
-    return None
-
-
-def usable_cpu_count(cgroup_root=CGROUP_ROOT):
-    """CPUs this process may run on: its CPU affinity, capped by the cgroup quota (not os.cpu_count())."""
-    cpus = len(os.sched_getaffinity(0))
-    limit = cgroup_cpu_limit(cgroup_root)
-    return cpus if limit is None else max(1, min(cpus, math.floor(limit)))
-
-
-def max_worker_count():
-    """The most loader processes --workers N may start: MAX_WORKERS_PER_CPU per usable CPU. Each worker is a
-    copy of the training process (hundreds of MB), so more only add memory and start-up time."""
-    return MAX_WORKERS_PER_CPU * usable_cpu_count()
-
-
-def shared_memory_bytes(path=SHM_PATH):
-    """(size, free) of /dev/shm in bytes, or None where there is none."""
-    try:
-        stats = os.statvfs(path)
-    except OSError:
-        return None
-    return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
 
 
 def batch_bytes(batch_size, image_size):
@@ -123,28 +34,6 @@ def dataset_batch_bytes(dataset, batch_size):
     if hasattr(dataset, "batch_bytes"):
         return dataset.batch_bytes(batch_size)
     return batch_bytes(batch_size, dataset.image_size)
-
-
-def shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes_on_machine=1):
-    """/dev/shm bytes that the loaders' batches take at most: those in flight and those each main process holds."""
-    per_process = (workers * prefetch_factor + BATCHES_HELD_BY_MAIN) * one_batch_bytes if workers > 0 else 0
-    return processes_on_machine * per_process
-
-
-def fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, processes_on_machine=1):
-    """The (workers, prefetch_factor) nearest those asked for whose batches fit in free_bytes of /dev/shm
-    (None: no /dev/shm, nothing fits but no workers), shared by the processes on this machine: prefetch_factor
-    is lowered first, then workers. Works in one step for any flag values."""
-    needed = shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes_on_machine)
-    if needed == 0 or (free_bytes is not None and needed <= free_bytes):
-        return SharedMemoryFit(needed, True, workers, prefetch_factor, possible=True)
-    # Batches that may be in flight in each process: what fits, less those its main process holds.
-    in_flight = (free_bytes or 0) // processes_on_machine // one_batch_bytes - BATCHES_HELD_BY_MAIN
-    if in_flight >= workers:
-        return SharedMemoryFit(needed, False, workers, in_flight // workers, possible=True)
-    if in_flight >= 1:
-        return SharedMemoryFit(needed, False, in_flight, 1, possible=True)
-    return SharedMemoryFit(needed, False, 0, prefetch_factor, possible=False)
 
 
 def collate_uint8(samples):
@@ -174,73 +63,53 @@ def init_worker(worker_id):
     os.setpgid(0, 0)
 
 
-def fitted_workers(settings, one_batch_bytes, rank):
-    """(workers, prefetch_factor) for the loader: as asked when /dev/shm holds their batches, else lowered,
-    saying so on stderr (rank 0); SharedMemoryError when not one worker's batches fit."""
-    shm = shared_memory_bytes()
-    if settings.workers == 0 or shm is None:
-        return settings.workers, settings.prefetch_factor
-    free = shm[1]
-    fit = fit_shared_memory(
-        settings.workers, settings.prefetch_factor, one_batch_bytes, free, settings.processes_on_machine
-    )
-    if not fit.possible:
-        needed = shared_memory_needed(1, 1, one_batch_bytes, settings.processes_on_machine)
-        raise SharedMemoryError(
-            f"/dev/shm has {free / MB:.0f} MB free: not enough for one loader worker's batches "
-            f"({needed / MB:.0f} MB of {one_batch_bytes / MB:.1f} MB each); start the container with "
-            "--shm-size=8g (or --ipc=host), or use --workers 0 or a smaller --batch-size"
-        )
-    if not fit.fits and rank == 0:
-        print(
-            f"loader: /dev/shm has {free / MB:.0f} MB free, too little for {settings.workers} workers x "
-            f"{settings.prefetch_factor} prefetched batches of {one_batch_bytes / MB:.1f} MB: using {fit.workers} "
-            f"workers x {fit.prefetch_factor}; start the container with --shm-size=8g to keep them",
-            file=sys.stderr,
-        )
-    return fit.workers, fit.prefetch_factor
+def worker_form(dataset):
+    """(dataset, collate) as worker processes read `dataset`: its own worker form where it has one (create_loader's
+    user datasets), else itself with its collate (--decode gpu's) or collate_uint8."""
+    if hasattr(dataset, "for_worker_processes"):
+        return dataset.for_worker_processes()
+    return dataset, getattr(dataset, "collate", collate_uint8)
 
 
-def build_loader(dataset, settings, device, train, rank=0, world_size=1):
-    """The loader for `dataset` (an ImageDataset) as training or validation reads it, with `settings` (a
-    LoaderSettings): a threads.ThreadLoader (backend "threads") or a DataLoader. loader.sampler is the
-    EpochSampler: call loader.sampler.set_epoch(epoch, skip) before each pass (batches_per_epoch(loader) counts a
-    whole epoch's batches). Before starting worker processes it fits them to /dev/shm (fitted_workers): a worker
-    would otherwise die of a bus error mid-epoch; threads need none.
-    """
-    pin_memory = device.type == "cuda" if settings.pin_memory is None else settings.pin_memory
-    epoch_sampler = sampler.EpochSampler(len(dataset), train, settings.seed, rank, world_size)
-    if settings.backend == "threads":
+def build_loader(dataset, plan, device, shuffle=True, rank=0, world_size=1, drop_last=None):
+    """The loader of `dataset` as `plan` (a plan.LoaderPlan) says: a threads.ThreadLoader (backend "threads") or a
+    DataLoader of worker processes. Training shuffles and drops the last partial batch; validation neither
+    (drop_last None: as shuffle). loader.sampler is the EpochSampler: call loader.sampler.set_epoch(epoch, skip)
+    before each pass (batches_per_epoch(loader) counts a whole epoch's batches). The plan has fitted the worker
+    processes to /dev/shm already."""
+    drop_last = shuffle if drop_last is None else drop_last
+    epoch_sampler = sampler.EpochSampler(len(dataset), shuffle, plan.seed, rank, world_size)
+    if plan.backend == "threads":
         # In place where the dataset writes samples into their slots; else its own collate (--decode gpu's).
         collate = getattr(dataset, "collate", None)
         if collate is None and not hasattr(dataset, "write_sample"):
             collate = collate_uint8
         return threads.ThreadLoader(
             dataset,
-            settings.batch_size,
+            plan.batch_size,
             epoch_sampler,
-            settings.workers,
-            settings.prefetch_factor,
-            pin_memory=pin_memory,
-            drop_last=train,
+            plan.workers,
+            plan.prefetch_factor,
+            pin_memory=plan.pin_memory,
+            drop_last=drop_last,
             collate_fn=collate,
             device=device,
         )
-    workers, prefetch_factor = fitted_workers(settings, dataset_batch_bytes(dataset, settings.batch_size), rank)
+    samples, collate = worker_form(dataset)
     return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=settings.batch_size,
+        samples,
+        batch_size=plan.batch_size,
         sampler=epoch_sampler,
-        num_workers=workers,
-        collate_fn=getattr(dataset, "collate", collate_uint8),
-        pin_memory=pin_memory,
-        drop_last=train,
+        num_workers=plan.workers,
+        collate_fn=collate,
+        pin_memory=plan.pin_memory,
+        drop_last=drop_last,
         worker_init_fn=init_worker,
-        prefetch_factor=prefetch_factor if workers > 0 else None,
-        persistent_workers=settings.persistent_workers and workers > 0,
+        prefetch_factor=plan.prefetch_factor if plan.workers > 0 else None,
+        persistent_workers=plan.persistent_workers and plan.workers > 0,
         # Its own generator: creating an iterator then leaves torch's global RNG (dropout, ...) alone,
         # so a resumed run draws the same random numbers as an uninterrupted one.
-        generator=torch.Generator().manual_seed(settings.seed),
+        generator=torch.Generator().manual_seed(plan.seed),
     )
 
 

@@ -1,26 +1,48 @@
-"""The loader plan: one function turns the flags, autotune's saved setting, the CPUs and /dev/shm into what the
-loader does (backend, workers or threads, batches in flight, decoder, JPEG draft), with the reason for each.
+"""The loader plan: plan(asked, tuned, machine, data) turns the loader flags as asked, autotune's saved setting, the
+machine (usable CPUs, /dev/shm, training processes, CUDA) and the data (one batch's bytes, whether it is mostly
+JPEGs) into what the loader does, with the reason for each choice. It is pure and runs once per loader; train.py,
+the doctor, bench, autotune and create_loader all call it, and loader.build_loader takes nothing but its answer.
+A run records the plan as used: its start line, metrics.jsonl's first record, config.json and environment.json.
 
-plan_loader is that function (pure: its inputs are given); resolve_plan gathers them on this machine (the
-settings file, usable CPUs, /dev/shm, one batch's bytes) and calls it. A run records the plan as used: its
-start line, metrics.jsonl's first record and config.json.
+The pipeline's vocabulary and defaults live here too, so that train.py's flags (config.py) are declared in its
+terms. Nothing here imports torch.
 
 --loader auto: threads wherever /dev/shm is too small for the worker processes' batches; else what torchlab
-autotune saved; else config.DEFAULT_BACKEND, the one `make bench` measured faster on a 2-CPU machine of this
-kind (decode threads share one process's memory and pass nothing through /dev/shm: docs/performance.md gives
-the figures).
+autotune saved; else DEFAULT_BACKEND, the one `make bench` measured faster on a 2-CPU machine of this kind
+(decode threads share one process's memory and pass nothing through /dev/shm: docs/performance.md gives the
+figures).
 """
 
 import dataclasses
 
-from torchlab import config
-from torchlab.pipeline import loader, settings
+BACKENDS = ("threads", "processes")
+DEFAULT_BACKEND = "threads"
+DECODERS = ("auto", "cpu", "gpu")
+DEFAULT_PREFETCH_FACTOR = 4  # batches each worker process loads ahead
+DEFAULT_THREAD_BATCHES_AHEAD = 2  # the thread loader's batches decoded ahead of the one in use
+MAX_AUTO_WORKERS = 8
+# --workers N above this per usable CPU is refused: each worker process is a copy of the training process
+# (hundreds of MB), so more only add memory and start-up time.
+MAX_WORKERS_PER_CPU = 4
+# Besides the workers x prefetch_factor batches in flight, the main process holds the batch it is using and
+# the one it has just received, both still in /dev/shm.
+BATCHES_HELD_BY_MAIN = 2
+MB = 1e6
+
+
+class PlanError(ValueError):
+    """The loader flags cannot be used on this machine: one line that says what to give instead."""
+
+
+class SharedMemoryError(PlanError):
+    """/dev/shm cannot hold even one worker process's batches: the message says how to fix it."""
 
 
 @dataclasses.dataclass(frozen=True)
-class AskedLoader:
+class Asked:
     """The loader flags as given: loader (auto, threads, processes), workers (auto or N), prefetch_factor and
-    jpeg_draft (None: not given), decode (auto, cpu, gpu), pin_memory (None: with CUDA)."""
+    jpeg_draft (None: not given), decode (auto, cpu, gpu), pin_memory (None: with CUDA), and the batches' size,
+    seed and whether worker processes live across passes."""
 
     loader: str = "auto"
     workers: object = "auto"
@@ -28,6 +50,18 @@ class AskedLoader:
     jpeg_draft: bool = None
     decode: str = "auto"
     pin_memory: bool = None
+    batch_size: int = 64
+    seed: int = 0
+    persistent_workers: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """What the plan takes of the data: one batch's bytes in /dev/shm for each decoder it may pick (cpu: decoded
+    pixels; gpu: the encoded files), and whether most files are JPEGs (--decode auto's gpu needs that)."""
+
+    batch_bytes: dict
+    mostly_jpegs: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +74,14 @@ class LoaderPlan:
     decode: str
     jpeg_draft: bool
     pin_memory: bool
+    batch_size: int = 64
+    seed: int = 0
+    persistent_workers: bool = True
     autotuned: bool = False
+    batch_bytes: int = 0  # one batch's bytes, as /dev/shm holds it between worker processes
+    # /dev/shm bytes the worker processes' batches need at most as asked (before any lowering to fit), over the
+    # training processes on this machine
+    shm_needed: int = 0
     reasons: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -72,21 +113,43 @@ class LoaderPlan:
         return "; ".join(parts)
 
     def record(self):
-        """The plan as config.json and metrics.jsonl keep it."""
+        """The plan as config.json, metrics.jsonl and environment.json keep it."""
         return {**dataclasses.asdict(self), "batches_in_flight": self.batches_in_flight}
 
-    def settings(self, batch_size, seed, processes_on_machine=1, persistent_workers=True):
-        """The LoaderSettings that build_loader takes for this plan."""
-        return loader.LoaderSettings(
-            batch_size=batch_size,
-            workers=self.workers,
-            prefetch_factor=self.prefetch_factor,
-            backend=self.backend,
-            persistent_workers=persistent_workers,
-            pin_memory=self.pin_memory,
-            seed=seed,
-            processes_on_machine=processes_on_machine,
-        )
+
+@dataclasses.dataclass(frozen=True)
+class SharedMemoryFit:
+    """fit_shared_memory's answer: the /dev/shm bytes the asked settings need (all processes on the machine),
+    whether they fit, and the (workers, prefetch_factor) the loader uses, or possible=False when not even one
+    worker's batches fit."""
+
+    needed: int
+    fits: bool
+    workers: int
+    prefetch_factor: int
+    possible: bool
+
+
+def shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes=1):
+    """/dev/shm bytes that the loaders' batches take at most: those in flight and those each main process holds."""
+    per_process = (workers * prefetch_factor + BATCHES_HELD_BY_MAIN) * one_batch_bytes if workers > 0 else 0
+    return processes * per_process
+
+
+def fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, processes=1):
+    """The (workers, prefetch_factor) nearest those asked for whose batches fit in free_bytes of /dev/shm
+    (None: no /dev/shm, nothing fits but no workers), shared by the processes on this machine: prefetch_factor
+    is lowered first, then workers. Works in one step for any flag values."""
+    needed = shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes)
+    if needed == 0 or (free_bytes is not None and needed <= free_bytes):
+        return SharedMemoryFit(needed, True, workers, prefetch_factor, possible=True)
+    # Batches that may be in flight in each process: what fits, less those its main process holds.
+    in_flight = (free_bytes or 0) // processes // one_batch_bytes - BATCHES_HELD_BY_MAIN
+    if in_flight >= workers:
+        return SharedMemoryFit(needed, False, workers, in_flight // workers, possible=True)
+    if in_flight >= 1:
+        return SharedMemoryFit(needed, False, in_flight, 1, possible=True)
+    return SharedMemoryFit(needed, False, 0, prefetch_factor, possible=False)
 
 
 def tuned_reason(tuned):
@@ -95,103 +158,131 @@ def tuned_reason(tuned):
     return f"autotuned (saved {saved}, for these flags)"
 
 
-def planned_workers(asked_workers, tuned, cpus, processes_on_machine, reasons):
-    """--workers as given, else the saved setting's (`tuned`, which only --workers auto uses; None: none), else
-    one per usable CPU of this process's share, at most MAX_AUTO_WORKERS; the reason goes into `reasons` where
-    it was not given."""
+def planned_workers(asked_workers, tuned, machine, reasons):
+    """--workers as given (at most MAX_WORKERS_PER_CPU per usable CPU: PlanError), else the saved setting's
+    (`tuned`, None: none), else one per usable CPU of this process's share, at most MAX_AUTO_WORKERS; the reason
+    goes into `reasons` where it was not given."""
+    most = MAX_WORKERS_PER_CPU * machine.cpus
+    if asked_workers != "auto" and asked_workers > most:
+        raise PlanError(
+            f"--workers {asked_workers}: expected at most {most} ({MAX_WORKERS_PER_CPU} per usable CPU, "
+            f"{machine.cpus} here), or auto"
+        )
     if asked_workers != "auto":
         return asked_workers
     if tuned is not None:
         reasons["workers"] = tuned_reason(tuned)
         return tuned["workers"]
-    reasons["workers"] = f"auto: {cpus} usable CPUs / {processes_on_machine} processes"
-    return min(loader.MAX_AUTO_WORKERS, max(1, cpus // processes_on_machine))
+    reasons["workers"] = f"auto: {machine.cpus} usable CPUs / {machine.processes} processes"
+    return min(MAX_AUTO_WORKERS, max(1, machine.cpus // machine.processes))
 
 
-def no_worker_fits(shm_free, one_batch_bytes, processes_on_machine):
-    """The SharedMemoryError of a /dev/shm that cannot hold even one worker process's batches."""
-    needed = loader.shared_memory_needed(1, 1, one_batch_bytes, processes_on_machine)
-    return loader.SharedMemoryError(
-        f"/dev/shm has {shm_free / loader.MB:.0f} MB free: not enough for one loader worker's batches "
-        f"({needed / loader.MB:.0f} MB of {one_batch_bytes / loader.MB:.1f} MB each); use --loader threads "
-        "(or auto), or start the container with --shm-size=8g (or --ipc=host)"
+def planned_decode(asked, tuned, machine, data, reasons):
+    """--decode as given; auto: the saved setting's, else gpu on CUDA where most files are JPEGs, else cpu."""
+    if asked.decode != "auto":
+        return asked.decode
+    if tuned is not None and "decode" in tuned:
+        reasons["decode"] = tuned_reason(tuned)
+        return tuned["decode"]
+    if not machine.cuda:
+        reasons["decode"] = "auto: no CUDA device"
+        return "cpu"
+    reasons["decode"] = f"auto: on CUDA, {'most' if data.mostly_jpegs else 'not most'} files are JPEGs"
+    return "gpu" if data.mostly_jpegs else "cpu"
+
+
+def no_worker_fits(machine, one_batch_bytes):
+    """The one wording of a /dev/shm that cannot hold even one worker process's batches."""
+    needed = shared_memory_needed(1, 1, one_batch_bytes, machine.processes)
+    return SharedMemoryError(
+        f"/dev/shm has {machine.shm_free / MB:.0f} MB free: not enough for one loader worker's batches "
+        f"({needed / MB:.0f} MB of {one_batch_bytes / MB:.1f} MB each); use --loader threads (or auto), or start "
+        "the container with --shm-size=8g (or --ipc=host)"
     )
 
 
-def plan_loader(asked, tuned, cpus, shm_free, one_batch_bytes, processes_on_machine=1, on_cuda=False, decode=None):
-    """The LoaderPlan for `asked` (AskedLoader), from `tuned` (the setting autotune saved for these flags, used
-    with --workers auto; None if none), the usable CPUs, /dev/shm's free bytes (None: no /dev/shm), one batch's
-    bytes, the training processes on this machine, CUDA, and `decode` (--decode as resolved; None: asked's).
-    Raises loader.SharedMemoryError where --loader processes cannot fit one worker's batches."""
-    reasons = {}
-    use_tuned = tuned is not None and asked.workers == "auto"
-    workers = planned_workers(asked.workers, tuned, cpus, processes_on_machine, reasons)
+def too_little(machine, workers, prefetch_factor, one_batch_bytes):
+    """Why worker processes' batches do not fit: the reason a plan gives for threads, or for lowering them."""
+    return (
+        f"/dev/shm has {machine.shm_free / MB:.0f} MB free, too little for {workers} workers x {prefetch_factor} "
+        f"batches of {one_batch_bytes / MB:.1f} MB"
+    )
 
-    def processes_fit(prefetch):
-        """loader.fit_shared_memory for worker processes, and the words for not fitting."""
-        fit = loader.fit_shared_memory(workers, prefetch, one_batch_bytes, shm_free, processes_on_machine)
-        too_small = (
-            f"/dev/shm has {shm_free / loader.MB:.0f} MB free, too little for {workers} workers x "
-            f"{prefetch} batches of {one_batch_bytes / loader.MB:.1f} MB"
-        )
-        return fit, too_small
 
-    def asked_prefetch(backend):
-        if asked.prefetch_factor is not None:
-            return asked.prefetch_factor
-        if use_tuned and tuned.get("loader", "processes") == backend:
-            return tuned["prefetch_factor"]
-        return config.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else config.DEFAULT_PREFETCH_FACTOR
+def planned_prefetch(asked, tuned, backend):
+    """--prefetch-factor as given, else the saved setting's where it timed this backend, else the default."""
+    if asked.prefetch_factor is not None:
+        return asked.prefetch_factor
+    if tuned is not None and tuned.get("loader", "processes") == backend:
+        return tuned["prefetch_factor"]
+    return DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else DEFAULT_PREFETCH_FACTOR
 
-    checks_shm = workers > 0 and shm_free is not None
+
+def planned_backend(asked, tuned, machine, workers, one_batch_bytes, reasons):
+    """--loader as given; auto: threads for --workers 0 and where /dev/shm cannot hold the worker processes'
+    batches, else the saved setting's, else DEFAULT_BACKEND."""
     if asked.loader != "auto":
-        backend = asked.loader
-    elif workers == 0:
-        backend, reasons["backend"] = "threads", "--workers 0: decoded in the training loop"
-    elif checks_shm and not processes_fit(asked_prefetch("processes"))[0].fits:
-        backend = "threads"
-        reasons["backend"] = f"{processes_fit(asked_prefetch('processes'))[1]}: threads need no /dev/shm"
-    elif use_tuned and tuned.get("loader", "processes") in config.BACKENDS:
-        # A saved setting that names no loader timed worker processes.
-        backend, reasons["backend"] = tuned.get("loader", "processes"), tuned_reason(tuned)
-    else:
-        backend, reasons["backend"] = config.DEFAULT_BACKEND, "auto: faster in make bench on this kind of machine"
-    prefetch_factor = asked_prefetch(backend)
+        return asked.loader
+    if workers == 0:
+        reasons["backend"] = "--workers 0: decoded in the training loop"
+        return "threads"
+    prefetch = planned_prefetch(asked, tuned, "processes")
+    shm = machine.shm_free
+    if shm is not None and not fit_shared_memory(workers, prefetch, one_batch_bytes, shm, machine.processes).fits:
+        reasons["backend"] = f"{too_little(machine, workers, prefetch, one_batch_bytes)}: threads need no /dev/shm"
+        return "threads"
+    if tuned is not None and tuned.get("loader", "processes") in BACKENDS:
+        reasons["backend"] = tuned_reason(tuned)  # a saved setting that names no loader timed worker processes
+        return tuned.get("loader", "processes")
+    reasons["backend"] = "auto: faster in make bench on this kind of machine"
+    return DEFAULT_BACKEND
 
-    if backend == "processes" and checks_shm:
-        fit, too_small = processes_fit(prefetch_factor)
-        if not fit.possible:
-            raise no_worker_fits(shm_free, one_batch_bytes, processes_on_machine)
-        if not fit.fits:
-            reasons["workers"] = f"lowered from {workers} x {prefetch_factor}: {too_small}; --loader threads needs none"
-            workers, prefetch_factor = fit.workers, fit.prefetch_factor
 
+def fitted_processes(machine, workers, prefetch_factor, one_batch_bytes, reasons):
+    """(workers, prefetch_factor) of worker processes, lowered where /dev/shm cannot hold their batches (the
+    reason goes into `reasons`); SharedMemoryError where not even one worker's batches fit."""
+    if workers == 0 or machine.shm_free is None:
+        return workers, prefetch_factor
+    fitted = fit_shared_memory(workers, prefetch_factor, one_batch_bytes, machine.shm_free, machine.processes)
+    if not fitted.possible:
+        raise no_worker_fits(machine, one_batch_bytes)
+    if not fitted.fits:
+        too_small = too_little(machine, workers, prefetch_factor, one_batch_bytes)
+        reasons["workers"] = f"lowered from {workers} x {prefetch_factor}: {too_small}; --loader threads needs none"
+    return fitted.workers, fitted.prefetch_factor
+
+
+def plan(asked, tuned, machine, data):
+    """The LoaderPlan for `asked` (Asked) with `tuned` (the setting autotune saved for these flags, used with
+    --workers auto; None: none), on `machine` (machine.Machine) for `data` (Data). Raises PlanError for --workers
+    beyond the machine, SharedMemoryError where --loader processes cannot fit one worker's batches."""
+    reasons = {}
+    tuned = tuned if asked.workers == "auto" else None
+    workers = planned_workers(asked.workers, tuned, machine, reasons)
+    decode = planned_decode(asked, tuned, machine, data, reasons)
+    one_batch_bytes = data.batch_bytes[decode]
+    backend = planned_backend(asked, tuned, machine, workers, one_batch_bytes, reasons)
+    prefetch_factor = planned_prefetch(asked, tuned, backend)
+    shm_needed = 0
+    if backend == "processes":
+        shm_needed = shared_memory_needed(workers, prefetch_factor, one_batch_bytes, machine.processes)
+        workers, prefetch_factor = fitted_processes(machine, workers, prefetch_factor, one_batch_bytes, reasons)
     jpeg_draft = asked.jpeg_draft
     if jpeg_draft is None:
-        jpeg_draft = tuned["jpeg_draft"] if use_tuned else True
-    decode = asked.decode if decode is None else decode
-    if asked.decode == "auto":
-        reasons["decode"] = tuned_reason(tuned) if use_tuned and "decode" in tuned else "auto"
-    pin_memory = on_cuda if asked.pin_memory is None else asked.pin_memory
-    return LoaderPlan(backend, workers, prefetch_factor, decode, jpeg_draft, pin_memory, use_tuned, reasons)
-
-
-def tuned_setting(settings_file, data, image_size, batch_size, device, processes_on_machine):
-    """The setting autotune saved for these flags, or None (settings_file None: none read)."""
-    key = settings.setting_key(data, image_size, batch_size, device, processes_on_machine)
-    return settings.saved_setting(settings_file, key)
-
-
-def resolve_plan(asked, tuned, one_batch_bytes, processes_on_machine=1, on_cuda=False, decode=None):
-    """plan_loader with this machine's usable CPUs and /dev/shm."""
-    shm = loader.shared_memory_bytes()
-    return plan_loader(
-        asked,
-        tuned,
-        loader.usable_cpu_count(),
-        None if shm is None else shm[1],
-        one_batch_bytes,
-        processes_on_machine,
-        on_cuda,
+        jpeg_draft = tuned["jpeg_draft"] if tuned is not None else True
+    pin_memory = machine.cuda if asked.pin_memory is None else asked.pin_memory
+    return LoaderPlan(
+        backend,
+        workers,
+        prefetch_factor,
         decode,
+        jpeg_draft,
+        pin_memory,
+        asked.batch_size,
+        asked.seed,
+        asked.persistent_workers,
+        tuned is not None,
+        one_batch_bytes,
+        shm_needed,
+        reasons,
     )

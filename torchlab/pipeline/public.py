@@ -12,7 +12,7 @@ tensors, numpy arrays, numbers and strings, in tuples, lists, named tuples and d
 batches them; a PIL image is batched as its array (uint8 for RGB). Every sample has dataset[0]'s structure,
 types, shapes and dtypes (what default_collate needs to stack them, checked strictly here): a dataset[0] of
 another kind is refused before the first batch, a sample that differs at its batch, each with one line
-(SampleError). The loader plan (plan.plan_loader: threads or worker processes, how many, batches ahead, with
+(SampleError). The loader plan (plan.plan: threads or worker processes, how many, batches ahead, with
 the reasons) is printed once. With threads, each sample is written into its slots of a reused batch buffer of
 its own dtypes and shapes: a batch's tensors are valid until the next batch is asked for (.clone() to keep them).
 
@@ -35,8 +35,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from torchlab import machine
 from torchlab.data import decode
-from torchlab.pipeline import loader, plan, sampler, threads
+from torchlab.pipeline import loader, plan, threads
 
 ON_ERROR = ("skip", "raise")
 
@@ -311,6 +312,10 @@ class InPlaceSamples:
     def batch_of(self, fields, unreadable):
         return self.layout.batch(fields)
 
+    def for_worker_processes(self):
+        """(dataset, collate) as loader.build_loader's worker processes read these samples."""
+        return KeyedSamples(self.dataset, self.on_error), CollateInWorker(self.layout)
+
 
 class KeyedSamples(torch.utils.data.Dataset):
     """The user's dataset read by (position, epoch) keys, as the EpochSampler yields them, in worker processes:
@@ -416,36 +421,12 @@ def create_loader(
         raise ValueError(f"create_loader: on_error={on_error!r}; expected 'skip' or 'raise'")
     device = torch.device(device)
     layout = SampleLayout(first_readable(dataset, on_error))
-    asked = plan.AskedLoader(backend, workers, prefetch_factor, None, "cpu")
-    used = plan.resolve_plan(asked, None, batch_size * layout.sample_bytes, 1, device.type == "cuda", "cpu")
-    epoch_sampler = sampler.EpochSampler(len(dataset), shuffle, seed)
-    drop_last = shuffle if drop_last is None else drop_last
+    asked = plan.Asked(backend, workers, prefetch_factor, None, "cpu", batch_size=batch_size, seed=seed)
+    here = machine.probe(cuda=device.type == "cuda")
+    used = plan.plan(asked, None, here, plan.Data({"cpu": batch_size * layout.sample_bytes}))
     skipped = decode.UnreadableFiles()
-    if used.backend == "threads":
-        samples = InPlaceSamples(dataset, layout, on_error, skipped)
-        batches = threads.ThreadLoader(
-            samples,
-            batch_size,
-            epoch_sampler,
-            used.workers,
-            used.prefetch_factor,
-            pin_memory=used.pin_memory,
-            drop_last=drop_last,
-            device=device,
-        )
-    else:
-        batches = torch.utils.data.DataLoader(
-            KeyedSamples(dataset, on_error),
-            batch_size=batch_size,
-            sampler=epoch_sampler,
-            num_workers=used.workers,
-            collate_fn=CollateInWorker(layout),
-            pin_memory=used.pin_memory,
-            drop_last=drop_last,
-            worker_init_fn=loader.init_worker,
-            prefetch_factor=used.prefetch_factor if used.workers else None,
-            persistent_workers=used.workers > 0,
-        )
+    samples = InPlaceSamples(dataset, layout, on_error, skipped)
+    batches = loader.build_loader(samples, used, device, shuffle, drop_last=drop_last)
     if print_plan is not None:
         print_plan(f"torchlab loader: {used.describe()}")
     return UserLoader(batches, used, dataset, skipped, print_plan)

@@ -1,8 +1,9 @@
 """Autotune's settings store: what `torchlab autotune` saved, by the flags it holds for.
 
 One small JSON file (--autotune-file, config.AUTOTUNE_FILE by default), keyed by setting_key: the data
-folder, image size, batch size, device type and processes on the machine. The loader plan (plan.py) reads it
-for --workers auto (one small file: auto stays cheap); autotune writes it.
+folder, image size, batch size, device type and processes on the machine. What it holds for a run's flags
+(saved_for) is the loader plan's `tuned` input for --workers auto (one small file: auto stays cheap); autotune
+writes it.
 """
 
 import json
@@ -47,3 +48,8 @@ def save_setting(path, key, setting):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     settings = json.dumps({**read_settings(path), key: setting}, indent=2)
     io.atomic_write(path, lambda settings_file: settings_file.write(settings.encode()))
+
+
+def saved_for(path, data, image_size, batch_size, device, processes_on_machine):
+    """The setting saved for these flags, or None (path None: none read)."""
+    return saved_setting(path, setting_key(data, image_size, batch_size, device, processes_on_machine))

@@ -1,11 +1,12 @@
 """`torchlab autotune`: time loader settings on the real data and device, keep the fastest.
 
 It takes train.py's flags (they say what to tune for), tries --decode x --loader x --workers x
---prefetch-factor x --jpeg-draft within --autotune-seconds in all, each through loader.build_loader and the
-device step exactly as training reads batches, prints a table, and saves the fastest to --autotune-file, keyed
-by the data folder, image size, batch size, device type and processes on the machine. A later run with
---workers auto and the same key reads it; any other run ignores it. Worker-process settings whose batches in
-flight would not fit in /dev/shm's free space are never tried, so never picked.
+--prefetch-factor x --jpeg-draft within --autotune-seconds in all, each made a loader plan as an explicit
+setting and read through loader.build_loader and the device step exactly as training reads batches, prints a
+table, and saves the fastest to --autotune-file, keyed by the data folder, image size, batch size, device type
+and processes on the machine. A later run with --workers auto and the same key reads it; any other run ignores
+it. Worker-process settings whose batches in flight would not fit in /dev/shm's free space (the plan lowers or
+refuses them) are never tried, so never picked.
 """
 
 import dataclasses
@@ -15,9 +16,9 @@ import warnings
 
 import torch
 
-from torchlab import config, distributed, io, resolve
+from torchlab import config, distributed, io, machine, resolve
 from torchlab.data import folder, splits
-from torchlab.pipeline import device_decode, loader, settings
+from torchlab.pipeline import device_decode, loader, plan, settings
 
 PREFETCH_FACTORS = (2, 4, 8)
 JPEG_DRAFT_CHOICES = (True, False)
@@ -45,23 +46,23 @@ def candidate_settings(usable_cpus, decoders):
     return [
         (decoder, backend, workers, prefetch_factor, jpeg_draft)
         for decoder in decoders
-        for backend in config.BACKENDS
+        for backend in plan.BACKENDS
         for workers in worker_counts
         for prefetch_factor in PREFETCH_FACTORS
         for jpeg_draft in (JPEG_DRAFT_CHOICES if decoder == "cpu" else (True,))
     ]
 
 
-def decoders_to_try(decoder, device, index):
-    """--decode as given: cpu or gpu alone; auto: both where auto would mean gpu (device_decode.resolve_decoder),
-    else cpu."""
+def decoders_to_try(decoder, device, data):
+    """--decode as given: cpu or gpu alone; auto: both where auto would mean gpu (CUDA, and `data`, the plan's
+    plan.Data, mostly JPEGs), else cpu."""
     if decoder != "auto":
         return (decoder,)
-    return ("cpu", "gpu") if device_decode.resolve_decoder("auto", device, index) == "gpu" else ("cpu",)
+    return ("cpu", "gpu") if str(device).startswith("cuda") and data.mostly_jpegs else ("cpu",)
 
 
-def measure_images_per_sec(dataset, decoder, settings, device, seconds):
-    """Images/s of the training loader for `settings` (and make_dataset's `dataset` for `decoder`) within
+def measure_images_per_sec(dataset, used, device, seconds):
+    """Images/s of the training loader of the loader plan `used` (and make_dataset's `dataset` for it) within
     `seconds` of wall-clock time in all (the loader's start, each pass's first batch, the shut-down), the rate
     leaving out each pass's first batch (the pipeline filling up, paid once per epoch)."""
     deadline = time.monotonic() + seconds
@@ -69,8 +70,8 @@ def measure_images_per_sec(dataset, decoder, settings, device, seconds):
         # Autotune times one worker more than there are CPUs on purpose: torch's warning about that setting
         # (when the loader is made, and at each pass) would only cut into the table.
         warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        train_loader = loader.build_loader(dataset, settings, device, train=True)
-        to_device = device_decode.make_device_step(decoder, device, dataset.image_size)
+        train_loader = loader.build_loader(dataset, used, device)
+        to_device = device_decode.make_device_step(used.decode, device, dataset.image_size)
         images, elapsed, epoch = 0, 0.0, 0
         while time.monotonic() < deadline:
             train_loader.sampler.set_epoch(epoch)
@@ -81,30 +82,29 @@ def measure_images_per_sec(dataset, decoder, settings, device, seconds):
     return images / elapsed if elapsed > 0 else 0.0
 
 
-def fitting_settings(datasets, batch_size):
-    """The candidate settings whose batches fit in /dev/shm's free space, and those that do not."""
-    shm = loader.shared_memory_bytes()
-    one_batch_bytes = {name: loader.dataset_batch_bytes(dataset, batch_size) for name, dataset in datasets.items()}
-    fitting, skipped = [], []
-    for setting in candidate_settings(loader.usable_cpu_count(), tuple(datasets)):
-        decoder, backend, workers, prefetch_factor, _ = setting
-        fit = loader.fit_shared_memory(
-            workers, prefetch_factor, one_batch_bytes[decoder], None if shm is None else shm[1]
-        )
-        (fitting if fit.fits or backend == "threads" else skipped).append(setting)
-    if not fitting:
-        raise loader.SharedMemoryError(
-            f"/dev/shm has {shm[1] / loader.MB:.0f} MB free: no loader setting fits; start the container with "
-            "--shm-size=8g (or --ipc=host)"
-        )
-    return fitting, skipped
+def planned_settings(flags, device, data, decoders):
+    """(plans of the candidate settings as the loader plan makes them, the candidates it would not run as asked):
+    worker processes whose batches do not fit in /dev/shm's free space are lowered or refused by the plan, so
+    they are left out."""
+    here = machine.probe(cuda=str(device).startswith("cuda"))
+    plans, skipped = [], []
+    for setting in candidate_settings(here.cpus, decoders):
+        decoder, backend, workers, prefetch_factor, jpeg_draft = setting
+        asked = plan.Asked(backend, workers, prefetch_factor, jpeg_draft, decoder, None, flags.batch_size, flags.seed)
+        try:
+            used = plan.plan(dataclasses.replace(asked, persistent_workers=False), None, here, data)
+        except plan.SharedMemoryError:
+            used = None
+        as_asked = used is not None and (used.workers, used.prefetch_factor) == (workers, prefetch_factor)
+        (plans if as_asked else skipped).append(used if as_asked else setting)
+    return plans, skipped
 
 
 def likelihood_rank(setting, cpus):
     """Where `setting` comes in the order of trying: train.py's defaults first (as many workers as CPUs,
     default batches ahead, JPEG draft on), then other worker counts, then other prefetch factors, then draft off."""
     decoder, backend, workers, prefetch_factor, jpeg_draft = setting
-    default_prefetch = config.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else config.DEFAULT_PREFETCH_FACTOR
+    default_prefetch = plan.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else plan.DEFAULT_PREFETCH_FACTOR
     nearest_default_prefetch = min(PREFETCH_FACTORS, key=lambda factor: abs(factor - default_prefetch))
     return (not jpeg_draft, prefetch_factor != nearest_default_prefetch, workers != cpus, backend != "threads", decoder)
 
@@ -113,23 +113,20 @@ def setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft):
     return f"{decoder:>7} {backend:>9} {workers:>8} {prefetch_factor:>8} {'on' if jpeg_draft else 'off':>6}"
 
 
-def time_settings(datasets, fitting, flags, device, seconds_each, print_line):
-    """images/s of each setting in `fitting`, seconds_each each, printed as a table: [(rate, *setting)]."""
+def setting_of(used):
+    """A plan as the candidate setting it was made from: (decoder, backend, workers, prefetch_factor, jpeg_draft)."""
+    return used.decode, used.backend, used.workers, used.prefetch_factor, used.jpeg_draft
+
+
+def time_settings(datasets, plans, device, seconds_each, print_line):
+    """images/s of each plan in `plans`, seconds_each each, printed as a table: [(rate, *setting)]."""
     print_line(f"{'decode':>7} {'loader':>9} {'workers':>8} {'prefetch':>8} {'draft':>6} {'images/s':>9}")
     results = []
-    for decoder, backend, workers, prefetch_factor, jpeg_draft in fitting:
-        # Workers stop after each measurement.
-        loader_settings = dataclasses.replace(
-            resolve.loader_settings(flags),
-            backend=backend,
-            workers=workers,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=False,
-        )
-        datasets[decoder].draft = jpeg_draft
-        rate = measure_images_per_sec(datasets[decoder], decoder, loader_settings, device, seconds_each)
-        results.append((rate, decoder, backend, workers, prefetch_factor, jpeg_draft))
-        print_line(f"{setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft)} {rate:>9.1f}")
+    for used in plans:
+        datasets[used.decode].draft = used.jpeg_draft
+        rate = measure_images_per_sec(datasets[used.decode], used, device, seconds_each)
+        results.append((rate, *setting_of(used)))
+        print_line(f"{setting_row(*setting_of(used))} {rate:>9.1f}")
     return results
 
 
@@ -138,14 +135,16 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
     `index` for flags.autotune_seconds in all, print a table, save and return the best.
 
     `started`: seconds of the budget spent before the call (main: the process's age, process_age_seconds).
-    `flags` is a resolved TrainConfig (its decode before resolve.resolve_decoder); worker-process settings whose
-    batches would not fit in /dev/shm's free space are skipped.
+    `flags` is a TrainConfig, `device` a torch.device; worker-process settings whose batches would not fit in
+    /dev/shm's free space are skipped.
     """
+    data = device_decode.plan_data(index, flags.image_size, flags.batch_size)
+    decoders = decoders_to_try(flags.decode, device, data)
     datasets = {
         decoder: device_decode.make_dataset(decoder, index, flags.image_size, True, flags.seed, True)
-        for decoder in decoders_to_try(flags.decode, device, index)
+        for decoder in decoders
     }
-    fitting, skipped = fitting_settings(datasets, flags.batch_size)
+    fitting, skipped = planned_settings(flags, device, data, decoders)
     # The budget is the whole run's, from the process's start: what is left is shared by the settings, each
     # given at least MIN_SECONDS_EACH; where that leaves too little for all, the likeliest are tried first.
     left = max(flags.autotune_seconds * (1 - BUDGET_RESERVE) - started, 0.0)
@@ -156,13 +155,13 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
             f"({MIN_SECONDS_EACH:g} s); nothing saved: give it more"
         )
         return None
-    cpus = loader.usable_cpu_count()
-    fitting.sort(key=lambda setting: likelihood_rank(setting, cpus))
+    cpus = machine.usable_cpu_count()
+    fitting.sort(key=lambda used: likelihood_rank(setting_of(used), cpus))
     untried = fitting[max(1, int(left // MIN_SECONDS_EACH)) :]
     fitting = fitting[: max(1, int(left // MIN_SECONDS_EACH))]
     seconds_each = left / len(fitting)
     print_line(f"autotune: {len(fitting)} settings x {seconds_each:.1f} s on {device}; {key}")
-    results = time_settings(datasets, fitting, flags, device, seconds_each, print_line)
+    results = time_settings(datasets, fitting, device, seconds_each, print_line)
     for setting in skipped:
         print_line(f"{setting_row(*setting)}  skipped: /dev/shm too small")
     if untried:
@@ -201,14 +200,15 @@ DESCRIPTION = (
 def main(argv=None, prog="torchlab autotune"):
     processes = distributed.processes_from_environment()
     try:
-        cfg = resolve.resolve(config.parse_args(argv, prog, DESCRIPTION), processes, tuning=True)
+        cfg = config.parse_args(argv, prog, DESCRIPTION)
+        setup = resolve.resolve(cfg, processes, writes_run=False)
         torch.manual_seed(cfg.seed)
         _, train_index, _ = splits.load_splits(cfg.data, cfg.val_fraction, cfg.seed)
         if processes.world_size > 1:
             raise config.ConfigError("run it in one process, without torchrun")
-        key = settings.setting_key(cfg.data, cfg.image_size, cfg.batch_size, cfg.device, processes.local_world_size)
-        tune(train_index, cfg, torch.device(cfg.device), key, started=process_age_seconds())
-    except (config.ConfigError, folder.DataError, loader.SharedMemoryError) as error:
+        key = settings.setting_key(cfg.data, cfg.image_size, cfg.batch_size, setup.device, processes.local_world_size)
+        tune(train_index, cfg, torch.device(setup.device), key, started=process_age_seconds())
+    except (config.ConfigError, folder.DataError, plan.PlanError) as error:
         io.exit_with_error(prog, error)
 
 

@@ -47,7 +47,7 @@ import torchvision
 from PIL import Image
 from torchvision import transforms
 
-from torchlab import cli, config, io, resolve
+from torchlab import config, io, machine, parsing, resolve
 from torchlab.data import decode, folder, prepared, splits
 from torchlab.pipeline import device_decode, loader, plan, public, sampler, threads
 from torchlab.tools import bench_data
@@ -164,23 +164,19 @@ def own_dataset_pipelines(data_root, batch_size, device, workers):
     }
 
 
-def torchlab_settings(batch_size, backend="auto", workers="auto"):
-    """train.py's defaults, resolved by the loader plan as train.py resolves them (--workers auto with no saved
-    autotune setting, /dev/shm left out: the bench gives it 2 GB), but for batch_size, --loader `backend` and
-    --workers `workers`: (LoaderSettings, image size, JPEG draft)."""
-    asked = dataclasses.replace(resolve.asked_loader(config.DEFAULTS), loader=backend, workers=workers)
-    used = plan.plan_loader(asked, None, loader.usable_cpu_count(), None, 0)
-    return used.settings(batch_size, config.DEFAULTS.seed), config.DEFAULTS.image_size, used.jpeg_draft
-
-
 def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu", backend="auto", workers="auto"):
-    """train.py's training loader with --decode `decoder`, --loader `backend` and --workers `workers`, built by
-    the same calls as train.py makes."""
-    settings, image_size, jpeg_draft = torchlab_settings(batch_size, backend, workers)
-    _, train_index, _ = splits.load_splits(data_root, config.DEFAULTS.val_fraction, settings.seed)
-    dataset = device_decode.make_dataset(decoder, train_index, image_size, True, settings.seed, jpeg_draft)
-    data_loader = loader.build_loader(dataset, settings, device, train=True)
-    return Pipeline(name, data_loader, device_decode.make_device_step(decoder, device, image_size), settings.workers)
+    """train.py's training loader with its defaults but for --batch-size, --decode `decoder`, --loader `backend`
+    and --workers `workers` (no saved autotune setting read), planned and built by the calls train.py makes."""
+    flags = dataclasses.replace(
+        config.DEFAULTS, data=data_root, batch_size=batch_size, decode=decoder, loader=backend, workers=workers
+    )
+    _, train_index, _ = splits.load_splits(data_root, flags.val_fraction, flags.seed)
+    used = resolve.loader_plan(flags, str(device), train_index, read_tuned=False)
+    dataset = device_decode.make_dataset(used.decode, train_index, flags.image_size, True, used.seed, used.jpeg_draft)
+    data_loader = loader.build_loader(dataset, used, device)
+    return Pipeline(
+        name, data_loader, device_decode.make_device_step(used.decode, device, flags.image_size), used.workers
+    )
 
 
 def measure_pass(pipeline, epoch, device, consumer_seconds=0.0):
@@ -234,9 +230,13 @@ class ReadyMadeSamples(torch.utils.data.Dataset):
 
 
 def transport_pipeline(length, batch_size, device):
-    settings, image_size, _ = torchlab_settings(batch_size, "processes")  # worker processes' way through /dev/shm
-    data_loader = loader.build_loader(ReadyMadeSamples(length, image_size), settings, device, train=True)
-    return Pipeline("transport", data_loader, KeepOnHost(), settings.workers)
+    """Worker processes' way through /dev/shm, as the loader plan makes it for train.py's defaults."""
+    image_size = config.DEFAULTS.image_size
+    asked = dataclasses.replace(config.DEFAULTS.asked_loader(), loader="processes", decode="cpu", batch_size=batch_size)
+    data = plan.Data({"cpu": loader.batch_bytes(batch_size, image_size)})
+    used = plan.plan(asked, None, machine.probe(cuda=device.type == "cuda"), data)
+    data_loader = loader.build_loader(ReadyMadeSamples(length, image_size), used, device)
+    return Pipeline("transport", data_loader, KeepOnHost(), used.workers)
 
 
 def seconds_per_item(function, items):
@@ -390,8 +390,8 @@ def memory_measurements(prepared_root):
     )
     return {
         "samples": count,
-        "sample_index_mb_per_epoch": worker_memory_growth(sample_index) / loader.MB,
-        "prepared_index_mb_per_epoch": worker_memory_growth(prepared_index) / loader.MB,
+        "sample_index_mb_per_epoch": worker_memory_growth(sample_index) / plan.MB,
+        "prepared_index_mb_per_epoch": worker_memory_growth(prepared_index) / plan.MB,
     }
 
 
@@ -440,7 +440,7 @@ def measure_loader_memory(data_root, batch_size, backend, sender):
     for _ in zip(range(3), batches, strict=False):
         pass
     rss, pss = process_tree_memory()
-    sender.send({"loader": backend, "workers": pipeline.workers, "rss_mb": rss / loader.MB, "pss_mb": pss / loader.MB})
+    sender.send({"loader": backend, "workers": pipeline.workers, "rss_mb": rss / plan.MB, "pss_mb": pss / plan.MB})
     # What the workers print as they stop ("terminate called without an active exception") is not the bench's.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
@@ -567,7 +567,7 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
     pipelines = {
         "naive": torchvision_pipeline("naive", train_root, batch_size, device, workers=0),
         "classic": torchvision_pipeline(
-            "classic", train_root, batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)
+            "classic", train_root, batch_size, device, workers=min(plan.MAX_AUTO_WORKERS, cpus)
         ),
         "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device, backend="processes"),
         "torchlab-prepared": torchlab_pipeline(
@@ -575,7 +575,7 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
         ),
         THREADS: torchlab_pipeline(THREADS, data_root, batch_size, device, backend="threads"),
         THREADS_PREPARED: torchlab_pipeline(THREADS_PREPARED, prepared_root, batch_size, device, backend="threads"),
-        **own_dataset_pipelines(data_root, batch_size, device, workers=min(loader.MAX_AUTO_WORKERS, cpus)),
+        **own_dataset_pipelines(data_root, batch_size, device, workers=min(plan.MAX_AUTO_WORKERS, cpus)),
     }
     if device.type == "cuda" if gpu_decode is None else gpu_decode:  # --decode gpu: the workers read, the GPU decodes
         pipelines[GPU_DECODE] = torchlab_pipeline(GPU_DECODE, data_root, batch_size, device, decoder="gpu")
@@ -662,7 +662,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         )
     _, prepared_train_index, _ = splits.load_splits(prepared_root, 0.0, 0)
     warm_page_cache([*(train_index.path(p) for p in range(len(train_index))), prepared_train_index.data_path])
-    cpus = loader.usable_cpu_count()
+    cpus = machine.usable_cpu_count()
     pipelines, transports = make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decode)
     decode_jobs = decode_only_jobs(train_index, prepared_train_index)
     runs = measure_rates(pipelines, transports, decode_jobs, repetitions, device, cpus, print_line)
@@ -711,7 +711,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
 
 
 def build_parser(prog):
-    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = parsing.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--images", type=bench_data.image_count, default=2000, help="generated training images (default: 2000)"
     )
@@ -730,9 +730,9 @@ def build_parser(prog):
         "--out-dir", default="bench-results", help="where bench.json and bench.png go (default: bench-results)"
     )
     parser.add_argument(
-        "--repetitions", type=cli.positive_int, default=3, help="timed passes of each pipeline (default: 3)"
+        "--repetitions", type=parsing.positive_int, default=3, help="timed passes of each pipeline (default: 3)"
     )
-    parser.add_argument("--batch-size", type=cli.positive_int, default=64, help="images per batch (default: 64)")
+    parser.add_argument("--batch-size", type=parsing.positive_int, default=64, help="images per batch (default: 64)")
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if present (default: auto)"
     )
@@ -752,7 +752,7 @@ def main(argv=None, prog="torchlab bench"):
     prepared_root = os.path.join(cache_dir, f"{os.path.basename(os.path.abspath(data_root))}.prepared")
     print(f"preparing {prepared_root} (once) ...", flush=True)
     try:
-        prepared.prepare(data_root, prepared_root, processes=loader.usable_cpu_count())
+        prepared.prepare(data_root, prepared_root, processes=machine.usable_cpu_count())
     except folder.DataError as error:
         io.exit_with_error(prog, error)
     # One torch thread in this process: with more, torchvision's per-image Normalize (naive) waits on its

@@ -20,12 +20,11 @@ import os
 import numpy as np
 from PIL import Image
 
-from torchlab import cli, io
-from torchlab.pipeline import loader
+from torchlab import io, machine, parsing
 from torchlab.tools import sample_data
 
 CLASSES = 10
-image_count = cli.number(int, CLASSES)  # --images: one training image per class at least
+image_count = parsing.number(int, CLASSES)  # --images: one training image per class at least
 VAL_SHARE = 0.05  # val/ images per train/ image
 LARGE_SHARE = 0.03  # the share of large photos (1024 px and more on the long side)
 LARGE_LONG_SIDE = (1024, 1400)
@@ -99,7 +98,7 @@ def write_bench_data(out_dir, images, seed=0, processes=None):
     jobs = [("train", number) for number in range(images)] + [("val", number) for number in range(val_images)]
 
     def write_into(folder):
-        with multiprocessing.get_context("fork").Pool(processes or loader.usable_cpu_count()) as pool:
+        with multiprocessing.get_context("fork").Pool(processes or machine.usable_cpu_count()) as pool:
             pool.map(functools.partial(write_image, folder, seed), jobs, chunksize=16)
 
     settings = {"images": images, "val_images": val_images, "seed": seed}
@@ -107,7 +106,7 @@ def write_bench_data(out_dir, images, seed=0, processes=None):
 
 
 def main(argv=None, prog="python -m torchlab.tools.bench_data"):
-    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = parsing.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to create, e.g. ~/.cache/torchlab/bench-data-2000")
     parser.add_argument("--images", type=image_count, default=2000, help="training images (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: 0)")

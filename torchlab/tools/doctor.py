@@ -23,9 +23,9 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from torchlab import cli, config, environment, io
+from torchlab import config, environment, io, machine, parsing, resolve
 from torchlab.data import folder, splits
-from torchlab.pipeline import device_decode, loader, plan
+from torchlab.pipeline import plan
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SEVERITY = {OK: 0, WARN: 1, FAIL: 2}
@@ -394,63 +394,54 @@ def indexed_data_check(data_dir, batch_size, val_fraction, seed):
     return Check("data", status, detail, fix, facts), train_index
 
 
-def check_shared_memory(shm, workers, prefetch_factor, batch_size, image_size, processes=1, one_batch_bytes=None):
-    """Whether /dev/shm ((size, free) bytes, or None) holds the batches the loader keeps there, judged by the
-    loader's own loader.fit_shared_memory: facts["loader_workers"] and ["loader_prefetch_factor"] are what
-    train.py will use. one_batch_bytes: a batch's bytes as the loader counts them (loader.dataset_batch_bytes
-    of train.py's dataset: encoded files with --decode gpu); None: decoded image_size crops."""
-    decoded_batch_bytes = loader.batch_bytes(batch_size, image_size)
-    one_batch_bytes = one_batch_bytes or decoded_batch_bytes
-    fit = loader.fit_shared_memory(
-        workers, prefetch_factor, one_batch_bytes, None if shm is None else shm[1], processes
-    )
-    samples = (
-        f"images of {image_size}x{image_size}x3 uint8"
-        if one_batch_bytes == decoded_batch_bytes
-        else f"encoded files of {format_bytes(one_batch_bytes // batch_size)} (twice their mean size)"
-    )
-    suggested_gib = max(SUGGESTED_SHM_GIB, math.ceil(SHM_HEADROOM * fit.needed / GIB))
-    fix = (
-        f"start the container with --shm-size={suggested_gib}g (or --ipc=host), "
-        "or lower --workers, --prefetch-factor or --batch-size"
-    )
+def shared_memory_fix(needed):
+    gib = max(SUGGESTED_SHM_GIB, math.ceil(SHM_HEADROOM * needed / GIB))
+    return f"start the container with --shm-size={gib}g (or --ipc=host), or use --loader threads (or auto)"
+
+
+def check_shared_memory(shm, outcome, processes=1):
+    """Whether /dev/shm ((size, free) bytes, or None) holds the batches of the loader plan train.py makes:
+    `outcome` is that plan.LoaderPlan, or the plan.SharedMemoryError train.py stops with. The plan's own /dev/shm
+    fit decides; this row says what it decided, and warns where little room is left."""
+    if isinstance(outcome, plan.SharedMemoryError):
+        return Check("shared memory", FAIL, f"{outcome}: train.py stops", shared_memory_fix(0))
+    used = outcome
+    if used.backend == "threads" or used.workers == 0:
+        why = f" ({used.reasons['backend']})" if "backend" in used.reasons else ""
+        units = "decode threads in the training process" if used.workers else "workers: decoded in the training loop"
+        return Check(
+            "shared memory",
+            OK,
+            f"not used: {used.workers} {units}{why}",
+            facts={"workers": used.workers, "backend": used.backend},
+        )
+    processes_text = f" ({processes} processes)" if processes > 1 else ""
     need_text = (
-        f"({workers} workers x {prefetch_factor} prefetched + {loader.BATCHES_HELD_BY_MAIN} held) x {batch_size} "
-        f"{samples}{f' x {processes} processes' if processes > 1 else ''} = "
-        f"{format_bytes(fit.needed)}"
+        f"the worker processes' batches of {format_bytes(used.batch_bytes)} (in flight as asked, and "
+        f"{plan.BATCHES_HELD_BY_MAIN} held){processes_text} need {format_bytes(used.shm_needed)}"
     )
+    fix = shared_memory_fix(used.shm_needed)
     if shm is None:
-        if fit.needed == 0:
-            return Check("shared memory", OK, f"no /dev/shm; not needed with {workers} workers")
         return Check("shared memory", FAIL, f"no /dev/shm; {need_text}", fix=fix)
     size, free = shm
     detail = f"/dev/shm {format_bytes(size)} ({format_bytes(free)} free); {need_text}"
-    facts = {
-        "size": size,
-        "free": free,
-        "needed": fit.needed,
-        "workers": workers,
-        "prefetch_factor": prefetch_factor,
-        "loader_workers": fit.workers,
-        "loader_prefetch_factor": fit.prefetch_factor,
-    }
-    if not fit.possible:
-        return Check("shared memory", FAIL, detail + ": not one worker's batches fit; train.py stops", fix, facts)
-    if not fit.fits:
-        lowered = f": train.py lowers the loader to {fit.workers} workers x {fit.prefetch_factor} prefetched"
-        return Check("shared memory", WARN, detail + lowered, fix, facts)
-    if free < SHM_HEADROOM * fit.needed:
+    facts = {"size": size, "free": free, "needed": used.shm_needed}
+    facts.update(workers=used.workers, prefetch_factor=used.prefetch_factor)
+    lowered = used.reasons.get("workers", "")
+    if lowered.startswith("lowered"):
+        return Check("shared memory", WARN, f"{detail}: train.py's loader is {lowered}", fix, facts)
+    if free < SHM_HEADROOM * used.shm_needed:
         return Check("shared memory", WARN, detail + ": little room left", fix, facts)
     return Check("shared memory", OK, detail, facts=facts)
 
 
-def check_cpus(workers, processes=1, cgroup_root=loader.CGROUP_ROOT, tuned=None, backend="processes"):
+def check_cpus(workers, processes=1, cgroup_root=machine.CGROUP_ROOT, tuned=None, backend="processes"):
     """CPUs this container may use (affinity and cgroup quota) against the loader workers (or decode threads) the
     plan uses. Workers from a saved autotune setting (tuned: the plan's reason for them) are what autotune
     measured fastest here: shown as such, not flagged, also where there are more of them than CPUs."""
     affinity = len(os.sched_getaffinity(0))
-    quota = loader.cgroup_cpu_limit(cgroup_root)
-    usable = loader.usable_cpu_count(cgroup_root)
+    quota = machine.cgroup_cpu_limit(cgroup_root)
+    usable = machine.usable_cpu_count(cgroup_root)
     quota_text = "no cgroup CPU quota" if quota is None else f"cgroup CPU quota {quota:g}"
     units = "decode threads" if backend == "threads" else "loader workers"
     detail = (
@@ -516,8 +507,8 @@ def nvjpeg_error(device):
 
 
 def check_decoder(decoder, device, workers, autotuned):
-    """Where train.py will decode images on `device` (--decode as train.py resolves it:
-    device_decode.resolve_decoder), and for gpu whether nvJPEG works on this GPU."""
+    """Where train.py will decode images on `device` (--decode as the loader plan resolves it), and for gpu
+    whether nvJPEG works on this GPU."""
     facts = {"decode": decoder, "autotuned": autotuned}
     if decoder == "gpu" and device == "cpu":
         return Check(
@@ -540,49 +531,22 @@ def check_decoder(decoder, device, workers, autotuned):
 
 
 # ---------------------------------------------------------------- all of it
-def loader_plans(asked, autotune_file, data_dir, batch_size, image_size, processes, index, device):
-    """(the plan before /dev/shm's fit, the plan train.py uses or None where it stops, the decoder, one batch's
-    bytes): plan.plan_loader on this machine, with what torchlab autotune saved, as train.py resolves it."""
-    tuned = None
-    if asked.workers == "auto":
-        tuned = plan.tuned_setting(autotune_file, data_dir, image_size, batch_size, device, processes)
-    decoder = asked.decode
-    if decoder == "auto" and tuned and "decode" in tuned:
-        decoder = tuned["decode"]
-    decoder = device_decode.resolve_decoder(decoder, device, index)
-    dataset = device_decode.make_dataset(decoder, index, image_size, True, config.DEFAULTS.seed, True)
-    one_batch_bytes = loader.dataset_batch_bytes(dataset, batch_size)
-    on_cuda = device.startswith("cuda")
-    before_fit = plan.plan_loader(
-        asked, tuned, loader.usable_cpu_count(), None, one_batch_bytes, processes, on_cuda, decoder
-    )
+def loader_checks(flags, processes, index, device):
+    """The shared memory, cpus and decoder rows, from the loader plan train.py makes of `flags` (a TrainConfig)
+    for `index` on `device` (resolve.loader_plan, with what torchlab autotune saved)."""
     try:
-        used = plan.resolve_plan(asked, tuned, one_batch_bytes, processes, on_cuda, decoder)
-    except loader.SharedMemoryError:
-        used = None
-    return before_fit, used, decoder, one_batch_bytes
-
-
-def shared_memory_row(shown, before_fit, batch_size, image_size, processes, one_batch_bytes):
-    """The /dev/shm row: unused with decode threads (`shown`, the plan as used), else check_shared_memory of the
-    worker processes' plan before /dev/shm's fit."""
-    if shown.backend == "threads" and shown.workers > 0:
-        why = f" ({shown.reasons['backend']})" if "backend" in shown.reasons else ""
-        return Check(
-            "shared memory",
-            OK,
-            f"not used: {shown.workers} decode threads in the training process{why}",
-            facts={"workers": shown.workers, "backend": "threads"},
-        )
-    return check_shared_memory(
-        loader.shared_memory_bytes(),
-        before_fit.workers,
-        before_fit.prefetch_factor,
-        batch_size,
-        image_size,
-        processes,
-        one_batch_bytes=one_batch_bytes,
-    )
+        used = resolve.loader_plan(flags, device, index, processes)
+    except plan.SharedMemoryError as error:
+        return [check_shared_memory(machine.shared_memory_bytes(), error, processes)]
+    except plan.PlanError as error:
+        return [Check("loader", FAIL, f"{error}: train.py stops", fix="give train.py the flag as the line says")]
+    tuned = used.reasons["workers"] if used.autotuned and "workers" in used.reasons else None
+    decode_tuned = used.reasons.get("decode", "").startswith("autotuned")
+    return [
+        check_shared_memory(machine.shared_memory_bytes(), used, processes),
+        check_cpus(used.workers, processes, tuned=tuned, backend=used.backend),
+        check_decoder(used.decode, device, used.workers, decode_tuned),
+    ]
 
 
 def run_checks(
@@ -597,36 +561,33 @@ def run_checks(
     decoder=None,
     backend=None,
 ):
-    """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults; --loader,
-    --workers auto and --prefetch-factor resolve as train.py resolves them (the loader plan), with what torchlab
-    autotune saved in autotune_file."""
-    defaults = config.DEFAULTS
-    data_dir, batch_size = data_dir or defaults.data, batch_size or defaults.batch_size
-    image_size, run_dir = image_size or defaults.image_size, run_dir or defaults.run_dir
-    asked = plan.AskedLoader(
-        backend or defaults.loader,
-        defaults.workers if workers is None else workers,
-        prefetch_factor,
-        None,
-        decoder or defaults.decode,
-    )
+    """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults; the loader rows
+    come from the loader plan train.py makes of them, with what torchlab autotune saved in autotune_file."""
+    asked = {
+        "data": data_dir,
+        "workers": workers,
+        "batch_size": batch_size,
+        "prefetch_factor": prefetch_factor,
+        "image_size": image_size,
+        "run_dir": run_dir,
+        "autotune_file": autotune_file,
+        "decode": decoder,
+        "loader": backend,
+    }
+    given = {name: value for name, value in asked.items() if value is not None}
+    return checks_for(dataclasses.replace(config.DEFAULTS, **given), processes)
+
+
+def checks_for(flags, processes=1):
+    """Every check for train.py's `flags` (a TrainConfig), with `processes` training processes on the machine."""
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
     report.append(check_user_packages())
     report.extend(check_gpus())
-    data_check, train_index = indexed_data_check(data_dir, batch_size, defaults.val_fraction, defaults.seed)
+    data_check, train_index = indexed_data_check(flags.data, flags.batch_size, flags.val_fraction, flags.seed)
     report.append(data_check)
-    # --decode, the dataset and the loader plan as train.py resolves them, on the index read once for the data row.
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    index = [] if train_index is None else train_index
-    before_fit, used, decoder, one_batch_bytes = loader_plans(
-        asked, autotune_file or defaults.autotune_file, data_dir, batch_size, image_size, processes, index, device
-    )
-    shown = used or before_fit
-    report.append(shared_memory_row(shown, before_fit, batch_size, image_size, processes, one_batch_bytes))
-    tuned = before_fit.reasons.get("workers") if before_fit.autotuned else None
-    report.append(check_cpus(before_fit.workers, processes, tuned=tuned, backend=shown.backend))
-    report.append(check_decoder(decoder, device, before_fit.workers, before_fit.autotuned))
-    report.append(check_run_dir(run_dir))
+    report.extend(loader_checks(flags, processes, [] if train_index is None else train_index, device))
+    report.append(check_run_dir(flags.run_dir))
     return report
 
 
@@ -635,8 +596,9 @@ DESCRIPTION = (
     "it was built with); each GPU (driver, memory, a small matmul); the data at --data (mounted? readable? "
     "layout, classes, image counts); /dev/shm against the batches the loader workers keep in flight; the "
     "usable CPUs (affinity and cgroup quota); free disk at --run-dir. "
-    "The loader flags default to train.py's: pass the ones you will train with."
+    "The loader flags are train.py's, with its defaults: pass the ones you will train with."
 )
+
 EPILOG = (
     "Each line reads ok, warn or fail, and for warn and fail the fix. Exit status: 0 when nothing "
     "fails (warnings included), 1 when a check fails, 2 for a bad flag. A missing GPU is a warning (train.py "
@@ -647,53 +609,19 @@ EPILOG = (
 )
 
 
+DOCTOR_FLAGS = ("data", "workers", "batch_size", "prefetch_factor", "image_size", "run_dir", "autotune_file")
+DOCTOR_FLAGS += ("loader", "decode")
+
+
 def build_parser(prog="torchlab doctor"):
-    parser = cli.OneLineErrorParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
-    defaults = config.DEFAULTS
-    parser.add_argument("--data", default=defaults.data, help="the data train.py reads (default: %(default)s)")
-    parser.add_argument(
-        "--workers",
-        type=cli.worker_count,
-        default=defaults.workers,
-        help="loader workers per process, as train.py's --workers; auto reads --autotune-file as train.py does "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--batch-size", type=cli.positive_int, default=defaults.batch_size, help="(default: %(default)s)"
-    )
-    parser.add_argument(
-        "--prefetch-factor",
-        type=cli.positive_int,
-        default=None,
-        help=f"as train.py's --prefetch-factor (default: {config.DEFAULT_PREFETCH_FACTOR}, or what torchlab autotune "
-        "saved, with --workers auto)",
-    )
-    parser.add_argument(
-        "--image-size", type=cli.positive_int, default=defaults.image_size, help="(default: %(default)s)"
-    )
+    """train.py's own flags (DOCTOR_FLAGS: the ones the checks depend on), --processes and --json."""
+    parser = parsing.OneLineErrorParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
+    config.add_flags(parser, DOCTOR_FLAGS)
     parser.add_argument(
         "--processes",
-        type=cli.positive_int,
+        type=parsing.positive_int,
         default=1,
         help="training processes on this machine, as torchrun --nproc-per-node (default: %(default)s)",
-    )
-    parser.add_argument("--run-dir", default=defaults.run_dir, help="where checkpoints will go (default: %(default)s)")
-    parser.add_argument(
-        "--autotune-file",
-        default=defaults.autotune_file,
-        help="what torchlab autotune saved, read for --workers auto (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--loader",
-        choices=("auto", *config.BACKENDS),
-        default=defaults.loader,
-        help="as train.py's --loader (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--decode",
-        choices=config.DECODERS,
-        default=defaults.decode,
-        help="as train.py's --decode; auto reads --autotune-file as train.py does (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for tools")
     return parser
@@ -701,18 +629,8 @@ def build_parser(prog="torchlab doctor"):
 
 def main(argv=None, prog="torchlab doctor"):
     args = build_parser(prog).parse_args(argv)
-    report = run_checks(
-        args.data,
-        args.workers,
-        args.batch_size,
-        args.prefetch_factor,
-        args.image_size,
-        args.run_dir,
-        args.processes,
-        args.autotune_file,
-        args.decode,
-        args.loader,
-    )
+    flags = dataclasses.replace(config.DEFAULTS, **{name: getattr(args, name) for name in DOCTOR_FLAGS})
+    report = checks_for(flags, args.processes)
     print(report.as_json() if args.json else report.as_text())
     sys.exit(report.exit_code)
 

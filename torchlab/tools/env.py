@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from torchlab import cli, environment, io
+from torchlab import environment, io, parsing
 
 # torch's local version labels (2.5.1+cu118, +cpu) are builds on PyTorch's own index, not on PyPI.
 TORCH_INDEX = "https://download.pytorch.org/whl/{}"
@@ -100,7 +100,7 @@ def diff(run_dir, prog):
 
 
 def build_parser(prog):
-    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = parsing.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="{export,diff}")
     export_parser = commands.add_parser("export", help="write the file that recreates this environment")
     export_parser.add_argument("-o", "--output", metavar="FILE", help="write it here (default: stdout)")

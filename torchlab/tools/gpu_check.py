@@ -30,7 +30,7 @@ import torch
 import torchvision
 from torchvision.io import decode_jpeg
 
-from torchlab import cli, config, distributed, io, model, resolve, train
+from torchlab import config, distributed, io, machine, model, parsing, resolve, train
 from torchlab.data import decode, prepared, splits
 from torchlab.pipeline import device_decode, loader
 from torchlab.tools import bench, bench_data
@@ -70,7 +70,7 @@ def scaling_rates(data_root, batch_size, device, decoders, print_line):
         for decoder in decoders:
             name = f"{backend} --decode {decoder}"
             rates[name] = {}
-            for count in parallel_counts(loader.usable_cpu_count()):
+            for count in parallel_counts(machine.usable_cpu_count()):
                 pipeline = bench.torchlab_pipeline(name, data_root, batch_size, device, decoder, backend, count)
                 for epoch in range(2):
                     pipeline.set_epoch(epoch)
@@ -90,10 +90,11 @@ def model_only_rates(args, compile_settings, print_line):
             folders = ["--data", run_dir, "--run-dir", run_dir, "--resume", "none"]
             run = ["--arch", args.arch, "--batch-size", str(args.batch_size), "--device", args.device]
             flags = config.parse_args([*folders, *run, *(["--compile"] if compiled else [])])
-            cfg = resolve.resolve(flags, processes)
-        device = torch.device(cfg.device)
+            setup = resolve.resolve(flags, processes)
+        cfg, device = flags, torch.device(setup.device)
         network = model.build_model(cfg.arch, 1000)
-        training = train.build_training(cfg, network, args.steps, device, processes)
+        to_device = device_decode.make_device_step("cpu", device, cfg.image_size)
+        training = train.build_training(cfg, setup, network, args.steps, to_device, processes)
         host_images = torch.randint(0, 256, (cfg.batch_size, cfg.image_size, cfg.image_size, 3), dtype=torch.uint8)
         images, labels = training.to_device(host_images, torch.randint(0, 1000, (cfg.batch_size,)))
         for step in range(MODEL_ONLY_WARMUP_STEPS + args.steps):
@@ -256,7 +257,7 @@ def report_lines(report):
 
 
 def build_parser(prog):
-    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = parsing.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=bench_data.image_count, default=4000, help="generated images (default: 4000)")
     parser.add_argument(
         "--cache-dir",
@@ -264,10 +265,12 @@ def build_parser(prog):
         help=f"where the images and their prepared copy are kept (default: {DEFAULT_CACHE_DIR})",
     )
     parser.add_argument("--out-dir", default="gpu-check", help="where gpu_check.json goes (default: gpu-check)")
-    parser.add_argument("--batch-size", type=cli.positive_int, default=128, help="(default: 128)")
+    parser.add_argument("--batch-size", type=parsing.positive_int, default=128, help="(default: 128)")
     parser.add_argument("--arch", default="resnet50", help="the model trained (default: resnet50)")
-    parser.add_argument("--steps", type=cli.positive_int, default=150, help="training steps per decoder (default: 150)")
-    parser.add_argument("--samples", type=cli.positive_int, default=200, help="crops compared (default: 200)")
+    parser.add_argument(
+        "--steps", type=parsing.positive_int, default=150, help="training steps per decoder (default: 150)"
+    )
+    parser.add_argument("--samples", type=parsing.positive_int, default=200, help="crops compared (default: 200)")
     parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
@@ -289,12 +292,12 @@ def main(argv=None, prog="torchlab gpu-check"):
     data_root = os.path.join(cache_dir, f"images-{args.images}")
     print(f"generating {args.images} images in {data_root} and a prepared copy (once) ...", flush=True)
     bench_data.write_bench_data(data_root, args.images)
-    prepared.prepare(data_root, data_root + ".prepared", processes=loader.usable_cpu_count())
+    prepared.prepare(data_root, data_root + ".prepared", processes=machine.usable_cpu_count())
     decoders = DECODERS  # on the CPU, the "gpu" decoder is torchvision's CPU decoder: the script is tried
     compile_settings = (False, True) if device.type == "cuda" else (False,)  # --compile needs a C++ compiler
     report = {
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU (dry run)",
-        "usable_cpus": loader.usable_cpu_count(),
+        "usable_cpus": machine.usable_cpu_count(),
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__},
         "cpu_decoder": "region decoder (torchlab_jpeg)" if decode.torchlab_jpeg is not None else "Pillow",
         "images": args.images,

@@ -16,7 +16,7 @@ import os
 import numpy as np
 from PIL import Image
 
-from torchlab import cli, io
+from torchlab import io, parsing
 
 SPLIT_SEEDS = {"train": 0, "val": 1}
 NOISE_FFT_SIDE = 512  # the smallest FFT side; larger images get the next power of two
@@ -71,7 +71,7 @@ def write_sample_data(out_dir, classes, per_class, val_per_class, seed):
 
 
 def main(argv=None, prog="torchlab sample-data"):
-    parser = cli.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = parsing.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to create, e.g. /workspace/sample-data")
     parser.add_argument("--classes", type=int, default=4, help="number of classes (default: 4)")
     parser.add_argument("--per-class", type=int, default=40, help="training images per class (default: 40)")
