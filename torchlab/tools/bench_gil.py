@@ -7,19 +7,19 @@ Two measurements, and the prediction pipeline/gil.py makes of them:
   samples cost nothing but the sleep, so the best rate is bounded by the loader's serial part, the GIL:
   1 / that rate is the loader's GIL-held seconds per sample (an upper bound on a machine with few CPUs).
 - the GIL-held seconds per sample of a sample function (the default decode path: decode.ImageDataset's
-  write_sample, as the thread loader calls it), by a meter thread: a pure Python loop, which holds the GIL
-  whenever it runs and so runs whenever no other thread holds it. One thread takes samples beside it; over the
-  window, the meter's wall less its CPU seconds is the time it could not run, per sample done: the sample's
-  GIL-held time plus two hand-overs of the GIL (to the sample thread and back) at each stretch the sample
-  holds it. The meter counts those stretches (the stalls of its loop), and a sample that releases the GIL once
-  and holds nothing (time.sleep(0)) gives the cost of a hand-over on this machine; one hand-over per stretch
-  is kept, as threads that all want the GIL pay one each time it changes hands. So the result is the serial
-  seconds per sample of a saturated thread loader. A sample that holds the GIL throughout (a Python loop)
-  gives a share near 1, one that sleeps near 0 (tests/unit/test_gil.py). The meter needs a CPU of its own
-  beside the sample thread: on a busy machine it runs less, and the GIL-held time comes out too high.
+  write_sample, as the thread loader calls it): its CPU seconds less those of the parts that let the GIL go.
+  A profiler splits the sample's CPU time into units (each Python function's own time, each C function called
+  from Python). An observer thread, woken every 50 us, then waiting for the GIL, with CPython's forced
+  switching turned off, can only get the GIL where the sample's thread lets it go: a unit during which it got
+  it lets the GIL go (libjpeg's decode, torch's resize, numpy's copy, a file's read, a sleep). It needs no CPU
+  of its own, so a busy machine delays it but does not make it wrong. The rest of the CPU time holds the GIL.
+  A sample that holds the GIL throughout (a Python loop) gives a share near 1, one that sleeps or hashes
+  (hashlib lets the GIL go) near 0 (tests/unit/test_gil.py). What it leaves out: the hand-over of the GIL,
+  which the loader's ceiling above includes, and C that lets the GIL go inside a Python function's own time
+  (numpy's dispatched functions, tensor indexing), counted as letting it go: an underestimate of a few us.
 """
 
-import itertools
+import collections
 import sys
 import threading
 import time
@@ -33,14 +33,8 @@ LOADER_THREADS = (2, 8, 32, 64)
 SLEEP_SECONDS = 0.001  # the loader ceiling's sample: a sleep outside the GIL
 LOADER_SAMPLES_PER_THREAD = 250
 LOADER_PASSES = 3
-METER_SECONDS = 3.0
-METER_WINDOWS = 3
-# The meter forces a sample thread that wants the GIL back to wait this long at most (CPython's default, 5 ms,
-# would leave a few dozen samples in the window); it does not change what is held, only how often it is handed.
-METER_SWITCH_INTERVAL = 0.0005
-# The meter found the GIL taken where its loop (a fraction of a microsecond a turn) stalls longer than this.
-METER_GAP_SECONDS = 4e-6
-CALIBRATION_SECONDS = 0.3
+OBSERVER_SLEEP = 50e-6
+UNFORCED_SWITCH_INTERVAL = 1000.0  # seconds: no thread is made to let the GIL go while releasing_units runs
 PREDICTED_CPUS = (8, 16, 32, 64)
 
 
@@ -73,69 +67,90 @@ def loader_rate(threads, batch_size=64):
     return max(rates)
 
 
-def seconds_alone(sample, keys):
-    """Mean wall seconds of sample(key) over `keys`, in this thread with nothing beside it."""
-    start = time.perf_counter()
-    for key in keys:
-        sample(key)
-    return (time.perf_counter() - start) / len(keys)
-
-
-def meter_run(sample, keys, seconds):
-    """(meter-lost seconds, GIL episodes) per call of sample(key), `keys` taken in turn in one thread beside the
-    meter (above): its wall seconds less its CPU seconds, and the times it found the GIL taken, per sample done."""
-    stop, finished, meter = threading.Event(), [], {}
-
-    def take_samples():
-        for key in itertools.cycle(keys):
-            if stop.is_set():
-                return
+def seconds_alone(sample, keys, passes=3):
+    """(wall, CPU) seconds per sample(key) over `keys`, in this thread with nothing beside it: the least of
+    `passes` passes (a pass in which the machine's other work took the CPU gives more)."""
+    times = []
+    for _ in range(passes):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for key in keys:
             sample(key)
-            finished.append(time.perf_counter())
+        times.append(((time.perf_counter() - wall) / len(keys), (time.thread_time() - cpu) / len(keys)))
+    return min(times)
 
-    def run_meter():
-        clock = time.perf_counter
-        start, cpu, episodes = clock(), time.thread_time(), 0
-        last = start
-        while last - start < seconds:
-            now = clock()
-            episodes += now - last > METER_GAP_SECONDS
-            last = now
-        meter.update(start=start, wall=last - start, ran=time.thread_time() - cpu, episodes=episodes)
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(METER_SWITCH_INTERVAL)
+def unit_of(frame, event, arg):
+    """What runs after a profiler event: a C function (by name: a bound method is a new object at each call),
+    or the Python function of `frame`, or its caller after a return."""
+    if event == "c_call":
+        return getattr(arg, "__qualname__", None) or repr(arg)
+    if event == "return":
+        return None if frame.f_back is None else frame.f_back.f_code
+    return frame.f_code
+
+
+class Profile:
+    """CPU seconds of each unit (unit_of) of what runs while it is set (sys.setprofile), its own time left out,
+    and whether the unit let the GIL go, by the observer's turns where one runs (see releasing_units)."""
+
+    def __init__(self, turns=(0,)):
+        self.units, self.turns, self.at = collections.defaultdict(lambda: [0.0, False]), turns, [None, 0.0, 0]
+
+    def __call__(self, frame, event, arg):
+        now = time.thread_time()
+        if self.at[0] is not None:
+            self.units[self.at[0]][0] += now - self.at[1]
+            self.units[self.at[0]][1] |= self.turns[0] != self.at[2]
+        self.at[:] = unit_of(frame, event, arg), time.thread_time(), self.turns[0]
+
+    def run(self, call):
+        sys.setprofile(self)
+        try:
+            call()
+        finally:
+            sys.setprofile(None)
+            self.at[0] = None
+
+
+def releasing_units(sample, keys):
+    """The units of sample(key) over `keys` that let the GIL go. The observer, a thread that wakes every
+    OBSERVER_SLEEP and then waits for the GIL, counts a turn each time it gets it; with switching forced off it
+    gets it only where this thread lets it go, so a unit during which its count moved let the GIL go."""
+    stop, turns = threading.Event(), [0]
+
+    def observe():
+        while not stop.is_set():
+            turns[0] += 1
+            time.sleep(OBSERVER_SLEEP)
+
+    interval, observer, profile = sys.getswitchinterval(), threading.Thread(target=observe), Profile(turns)
+    sys.setswitchinterval(UNFORCED_SWITCH_INTERVAL)
+    observer.start()
     try:
-        workers = [threading.Thread(target=run_meter), threading.Thread(target=take_samples)]
-        for worker in workers:
-            worker.start()
-        workers[0].join()
-        stop.set()
-        workers[1].join()
+        profile.run(lambda: [sample(key) for key in keys])
     finally:
+        stop.set()
+        observer.join()
         sys.setswitchinterval(interval)
-    done = max(1, sum(meter["start"] <= moment <= meter["start"] + meter["wall"] for moment in finished))
-    return (meter["wall"] - meter["ran"]) / done, meter["episodes"] / done
+    return {unit for unit, (_, released) in profile.units.items() if released}
 
 
-def hand_over():
-    """time.sleep(0)'s meter-lost seconds per episode: a release and a take of the GIL that hold nothing."""
-    lost, episodes = meter_run(lambda key: time.sleep(0), [None], CALIBRATION_SECONDS)
-    return lost / max(episodes, 1.0)
-
-
-def gil_held_seconds(sample, keys, seconds=METER_SECONDS):
-    """The serial seconds per call of sample(key): what the meter lost less half a hand-over per episode (the
-    meter hands the GIL over twice per episode, where threads that all want it pay once). The least of
-    METER_WINDOWS windows of `seconds` each: a window in which the meter also waited for a CPU gives more."""
-    windows = (meter_run(sample, keys, seconds / METER_WINDOWS) for _ in range(METER_WINDOWS))
-    return max(0.0, min(lost - episodes * hand_over() / 2 for lost, episodes in windows))
-
-
-def gil_share(sample, keys, seconds=METER_SECONDS):
-    """{seconds_per_sample (alone), gil_seconds_per_sample, share: their ratio} of sample(key) over `keys`."""
-    seconds_per_sample = seconds_alone(sample, keys)
-    held = gil_held_seconds(sample, keys, seconds)
+def gil_share(sample, keys):
+    """{seconds_per_sample (wall, alone), gil_seconds_per_sample, share: their ratio} of sample(key) over `keys`.
+    The GIL-held seconds are the sample's CPU seconds less those of its releasing_units, each key run once plain
+    and once profiled, one after the other (the machine's speed drifts between passes; a profiler slows Python,
+    not the C that lets the GIL go). So a sample that sleeps holds the GIL for the little CPU it uses, one that
+    runs Python for all of it. A Python function whose own time calls C that lets the GIL go (numpy's
+    dispatched functions, tensor indexing: no profiler event) counts as letting it go: a few microseconds less."""
+    seconds_per_sample, _ = seconds_alone(sample, keys)
+    releasing, profile, plain = releasing_units(sample, keys), Profile(), 0.0
+    for key in keys:
+        start = time.thread_time()
+        sample(key)
+        plain += time.thread_time() - start
+        profile.run(lambda key=key: sample(key))
+    free = sum(cpu for unit, (cpu, _) in profile.units.items() if unit in releasing)
+    held = max(0.0, plain - free) / len(keys)
     return {
         "seconds_per_sample": seconds_per_sample,
         "gil_seconds_per_sample": held,
