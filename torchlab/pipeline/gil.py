@@ -7,14 +7,14 @@ the other. torchlab.tools.bench_gil measures the two figures below; `torchlab be
 machine it runs on.
 """
 
-# Measured by `torchlab bench --images 2000` (tools/bench_gil.py) on 2026-12-06 on the CI machine (2 CPUs,
-# shared with another session's builds: noisy), after this module's threads.py/decode.py changes:
-# the default decode path (decode.ImageDataset, train=True, JPEG draft) at 224 px on the bench's images.
-DECODE_SECONDS_PER_SAMPLE = 1.3e-3  # one thread alone, per sample
-DECODE_GIL_SHARE = 0.06  # the share of those seconds that holds the GIL
-# The thread loader's own GIL-held seconds per sample: 1 / its samples/s at 32 threads on a Dataset whose
-# sample is a 1 ms sleep (the samples cost nothing else, so the loader's serial part is the limit).
-LOADER_GIL_SECONDS = 40e-6
+# Measured by `make bench` (torchlab bench --images 2000, tools/bench_gil.py) on 2026-12-06, commit c5bf2c5, on the
+# CI machine (2 CPUs, shared with other sessions' builds: load average about 2, noisy); docs/performance.md.
+# The default decode path: decode.ImageDataset, train=True, JPEG draft, 224 px, on the bench's images.
+DECODE_SECONDS_PER_SAMPLE = 1.18e-3  # one thread alone, per sample
+DECODE_GIL_SHARE = 0.033  # the share of those seconds that holds the GIL (39 us)
+# The thread loader's own GIL-held seconds per sample: 1 / its best samples/s (28,212 at 32 threads) on a Dataset
+# whose sample is a 1 ms sleep and a 16-byte array; an upper bound, as 2 CPUs also did the loader's work.
+LOADER_GIL_SECONDS = 35e-6
 
 
 def thread_cpu_ceiling(
