@@ -182,7 +182,7 @@ def measure(dataset, samples=256):
     return {
         "loader_samples_per_sec": rates,
         "loader_gil_seconds": loader_gil_seconds,
-        "decode": decode,
+        "decode": {**decode, "samples": len(keys)},
         "thread_cpu_ceiling": ceiling,
         "predicted_images_per_sec": {cpus: {"threads": t, "processes": p} for cpus, (t, p) in prediction.items()},
     }
@@ -200,7 +200,7 @@ def report_lines(result):
         f"{result['thread_cpu_ceiling']:.1f} CPUs busy before the GIL limits them",
         "predicted images/s by CPUs (threads / processes): "
         + ", ".join(
-            f"{cpus} {rates['threads']:,.0f} / {rates['processes']:,.0f}"
-            for cpus, rates in result["predicted_images_per_sec"].items()
+            f"{cpus} {row['threads']:,.0f} / {row['processes']:,.0f}"
+            for cpus, row in result["predicted_images_per_sec"].items()
         ),
     ]
