@@ -3,7 +3,7 @@
 Every sample the thread loader reads holds the GIL for part of its time (the pass's bookkeeping, the Python of
 the decode path and the calls into Pillow, torch and numpy); the rest (libjpeg, the resize, the copy) runs
 without it. The GIL is one lock: however many CPUs decode, the samples' GIL-held seconds are spent one after
-the other. torchlab.tools.bench_gil measures the two figures below; `torchlab bench` reports them again on the
+the other. torchlab.tools.bench_gil measures the figures below; `torchlab bench` reports them again on the
 machine it runs on.
 """
 
