@@ -141,7 +141,15 @@ def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
     assert all(backend["rss_mb"] > 0 for backend in memory.values())
     assert all(rate > 0 for rate in report["ceilings"].values()), report["ceilings"]
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
-    assert "torchlab / decode-only ceiling" in capsys.readouterr().out
+    gil = report["gil"]
+    assert list(gil["loader_samples_per_sec"]) == ["2", "8", "32", "64"] and gil["loader_gil_seconds"] > 0
+    assert 0 < gil["decode"]["gil_seconds_per_sample"] < gil["decode"]["seconds_per_sample"]
+    predicted = gil["predicted_images_per_sec"]
+    assert list(predicted) == ["8", "16", "32", "64"] and all(
+        0 < row["threads"] <= row["processes"] for row in predicted.values()
+    )
+    out = capsys.readouterr().out
+    assert "torchlab / decode-only ceiling" in out and "predicted images/s by CPUs (threads / processes)" in out
 
 
 def test_the_gpu_decode_row_is_measured_as_the_others(bench_set, tmp_path):

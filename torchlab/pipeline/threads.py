@@ -193,46 +193,63 @@ class Pass:
         return None if self.stopping else (number, key, slot)
 
     def work(self):
-        """A decode thread: take samples and write them until the pass has none left or stops."""
+        """A decode thread: take samples and write them until the pass has none left or stops. A written sample
+        is counted in the same hold of the lock as the next one is taken: one hold per sample, as the lock
+        and the GIL are what the threads wait for on a machine with many CPUs."""
         try:
+            written = None
             while True:
                 with self.condition:
-                    taken = self.take_sample()
-                if taken is None:
+                    to_collate = None if written is None else self.count(*written)
+                    taken = None if to_collate is not None else self.take_sample()
+                written = None
+                if to_collate is not None:
+                    self.collate(to_collate)
+                elif taken is None:
                     return
-                self.decode(*taken)
+                else:
+                    written = self.write(*taken)
         except BaseException as error:  # handed to the loop, which raises it
             with self.condition:
                 self.error = self.error or error
                 self.stopping = True
                 self.condition.notify_all()
 
-    def decode(self, number, key, slot):
+    def write(self, number, key, slot):
+        """Decode sample `number` (`key`) into its ring slot, or read it (collate mode): (number, slot, the
+        sample read or None), for count."""
+        if self.ring is None:
+            return number, slot, self.loader.dataset[key]
+        buffer, in_batch = self.ring[slot], number % self.loader.batch_size
+        if buffer.event is not None:
+            buffer.event.synchronize()
+        buffer.readable[in_batch] = self.loader.dataset.write_sample(key, buffer.slots, in_batch)
+        buffer.positions[in_batch] = key[0] if isinstance(key, tuple) else key
+        return number, slot, None
+
+    def count(self, number, slot, sample):
+        """Count a written sample (holding the lock); the loop is woken when it completes its batch. Collate
+        mode: the batch number when collate_fn is now to batch the slot's samples, else None."""
         batch, in_batch = divmod(number, self.loader.batch_size)
+        if self.ring is None:
+            if self.samples_of[slot] is None:
+                self.samples_of[slot] = [None] * self.batch_size_of(batch)
+            self.samples_of[slot][in_batch] = sample
+        self.done[slot] += 1
+        if self.done[slot] < self.batch_size_of(batch):
+            return None
         if self.ring is not None:
-            buffer = self.ring[slot]
-            if buffer.event is not None:
-                buffer.event.synchronize()
-            buffer.readable[in_batch] = self.loader.dataset.write_sample(key, buffer.slots, in_batch)
-            buffer.positions[in_batch] = key[0] if isinstance(key, tuple) else key
-        else:
-            sample = self.loader.dataset[key]
-            with self.condition:
-                if self.samples_of[slot] is None:
-                    self.samples_of[slot] = [None] * self.batch_size_of(batch)
-                self.samples_of[slot][in_batch] = sample
+            self.condition.notify_all()
+            return None
+        return batch
+
+    def collate(self, batch):
+        collated = self.loader.collate_fn(self.samples_of[batch % self.slots])
+        if self.loader.pin_memory:
+            collated = pinned(collated)
         with self.condition:
-            self.done[slot] += 1
-            complete = self.done[slot] == self.batch_size_of(batch)
-            if complete and self.ring is not None:
-                self.condition.notify_all()
-        if complete and self.ring is None:
-            collated = self.loader.collate_fn(self.samples_of[slot])
-            if self.loader.pin_memory:
-                collated = pinned(collated)
-            with self.condition:
-                self.collated[batch] = collated
-                self.condition.notify_all()
+            self.collated[batch] = collated
+            self.condition.notify_all()
 
     def ready(self, batch):
         slot = batch % self.slots
@@ -274,7 +291,11 @@ class Pass:
         for _ in range(self.batch_size_of(batch)):
             with self.condition:
                 taken = self.take_sample()
-            self.decode(*taken)
+            written = self.write(*taken)
+            with self.condition:
+                to_collate = self.count(*written)
+            if to_collate is not None:
+                self.collate(to_collate)
 
     def batch(self, batch):
         """The dataset's batch_of `batch`'s fields (views of its ring buffer, or copies of the readable samples

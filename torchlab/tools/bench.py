@@ -21,7 +21,9 @@ ready/s column is torchlab's loaders with no device step: the batches ready for 
 which is what a GPU host sees (its device step runs on the GPU). Each
 pipeline then feeds a simulated consumer that takes batch_size / (1.5 x classic's images/s) seconds per
 batch, and its data-wait fraction is the share of that pass spent waiting for batches. A per-stage timing
-on one core tells which stage limits each pipeline. Results: a table on stdout, OUT_DIR/bench.json and
+on one core tells which stage limits each pipeline; tools/bench_gil.py then measures what would limit the threads on
+a machine with many CPUs, the GIL (the loader's own ceiling, the decode path's GIL-held time per sample), and
+predicts images/s at 8 to 64 CPUs for threads beside processes. Results: a table on stdout, OUT_DIR/bench.json and
 OUT_DIR/bench.png.
 
 images/s is over whole passes (from asking for the first batch to the last), as --loader-only counts them.
@@ -50,7 +52,7 @@ from torchvision import transforms
 from torchlab import config, io, machine, parsing, resolve
 from torchlab.data import decode, folder, prepared, splits
 from torchlab.pipeline import device_decode, loader, plan, public, sampler, threads
-from torchlab.tools import bench_data
+from torchlab.tools import bench_data, bench_gil
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
 CONSUMER_SPEEDUP = 1.5  # the simulated consumer runs at 1.5 x classic's images/s
@@ -526,7 +528,7 @@ def report_lines(report):
         f"worker memory per epoch, {memory['samples']:,}-sample index: SampleIndex "
         f"{memory['sample_index_mb_per_epoch']:.1f} MB, PreparedIndex {memory['prepared_index_mb_per_epoch']:.1f} MB"
     )
-    return lines
+    return lines + bench_gil.report_lines(report["gil"])
 
 
 def plot(report, path):
@@ -675,7 +677,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         for name, pipeline in pipelines.items():
             waits[name].append(measure_pass(pipeline, repetitions + 1 + consumer_pass, device, consumer_seconds))
 
-    print_line("per-stage timing and worker memory ...")
+    print_line("per-stage timing, worker memory and the GIL ...")
     transport_rates = {"uint8": medians["transport"], "float32": medians["transport-float"]}
     stages = stage_timings(pipelines, train_index, prepared_train_index, batch_size, device, transport_rates)
     report = {
@@ -701,6 +703,7 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "loader_memory": {
             name: loader_memory(data_root, batch_size, pipelines[name].backend) for name in ("torchlab", THREADS)
         },
+        "gil": bench_gil.measure(pipelines[THREADS].loader.dataset),  # train.py's ImageDataset, as the threads read it
     }
     json_path, png_path = io.write_json_report(out_dir, "bench.json", report), os.path.join(out_dir, "bench.png")
     plot(report, png_path)
