@@ -10,7 +10,7 @@ import torch
 
 from conftest import QUICK_RUN
 from torchlab import machine, train
-from torchlab.pipeline import loader, plan
+from torchlab.pipeline import gil, loader, plan
 
 MB = 1_000_000
 BATCH_256 = loader.batch_bytes(256, 224)  # 38.5 MB
@@ -162,3 +162,23 @@ def test_train_makes_the_loader_plan_once(sample_set, tmp_path, monkeypatch, sig
     assert len(calls) == 1
     asked, tuned, here, data = calls[0]
     assert (asked.workers, tuned, here.processes) == ("auto", None, 1) and data.batch_bytes["cpu"] == 16 * 48 * 48 * 3
+
+
+def test_auto_picks_processes_where_the_gil_caps_threads_below_them_and_says_so():
+    """gil.py's model: one process's threads keep about thread_cpu_ceiling() CPUs decoding; beyond that, with
+    room in /dev/shm, --loader auto takes worker processes, and the reason gives both predictions."""
+    ceiling, roomy = gil.thread_cpu_ceiling(), 10**12
+    beyond = int(ceiling) + 2
+    used = plan_for(workers=beyond, cpus=beyond, shm_free=roomy)
+    threads, processes = gil.predicted_rates(beyond)
+    assert used.backend == "processes" and threads < processes
+    assert used.reasons["backend"].startswith(
+        f"auto: on {beyond} CPUs of decoding, threads would cap at {threads:,.0f}"
+    )
+    assert plan_for(workers=int(ceiling), cpus=64, shm_free=roomy).backend == "threads"  # within the ceiling
+    assert plan_for(workers=4 * 8, cpus=8, shm_free=roomy).backend == "threads"  # 8 CPUs decode, however many ask
+    assert plan_for(workers=beyond, cpus=beyond, shm_free=64 * MB).backend == "threads"  # no room for processes
+    assert plan_for(workers=beyond, cpus=beyond, shm_free=None).backend == "threads"  # no /dev/shm at all
+    assert plan_for(workers=beyond, cpus=beyond, shm_free=roomy, loader="threads").backend == "threads"
+    # --workers auto starts at most MAX_AUTO_WORKERS, within the measured ceiling: threads, on any machine.
+    assert ceiling >= plan.MAX_AUTO_WORKERS and plan_for(cpus=128, shm_free=roomy).backend == "threads"

@@ -8,12 +8,15 @@ The pipeline's vocabulary and defaults live here too, so that train.py's flags (
 terms. Nothing here imports torch.
 
 --loader auto: threads wherever /dev/shm is too small for the worker processes' batches; else what torchlab
-autotune saved; else DEFAULT_BACKEND, the one `make bench` measured faster on a 2-CPU machine of this kind
-(decode threads share one process's memory and pass nothing through /dev/shm: docs/performance.md gives the
-figures).
+autotune saved; else worker processes where the decoding spans more CPUs than one process's threads keep busy
+before the GIL limits them (gil.py's model, from `make bench`'s measurements); else DEFAULT_BACKEND, the one
+`make bench` measured faster on a 2-CPU machine of this kind (decode threads share one process's memory and pass
+nothing through /dev/shm: docs/performance.md gives the figures).
 """
 
 import dataclasses
+
+from torchlab.pipeline import gil
 
 BACKENDS = ("threads", "processes")
 DEFAULT_BACKEND = "threads"
@@ -218,9 +221,24 @@ def planned_prefetch(asked, tuned, backend):
     return DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else DEFAULT_PREFETCH_FACTOR
 
 
+def gil_capped(workers, machine):
+    """Why decode threads would fall behind worker processes here (the GIL: gil.py's model), or None: where the
+    CPUs the loader decodes on (its workers, at most this process's share of the CPUs) are more than one
+    process's threads keep busy."""
+    decoding_cpus = min(workers, machine.cpus / machine.processes)
+    if decoding_cpus <= gil.thread_cpu_ceiling():
+        return None
+    threads, processes = gil.predicted_rates(decoding_cpus)
+    return (
+        f"auto: on {decoding_cpus:g} CPUs of decoding, threads would cap at {threads:,.0f} images/s (the GIL, from "
+        f"{gil.thread_cpu_ceiling():.0f} CPUs on) and processes reach {processes:,.0f}"
+    )
+
+
 def planned_backend(asked, tuned, machine, workers, one_batch_bytes, reasons):
     """--loader as given; auto: threads for --workers 0 and where /dev/shm cannot hold the worker processes'
-    batches, else the saved setting's, else DEFAULT_BACKEND."""
+    batches, else the saved setting's, else processes where the GIL caps threads below them, else
+    DEFAULT_BACKEND."""
     if asked.loader != "auto":
         return asked.loader
     if workers == 0:
@@ -234,6 +252,10 @@ def planned_backend(asked, tuned, machine, workers, one_batch_bytes, reasons):
     if tuned is not None and tuned.get("loader", "processes") in BACKENDS:
         reasons["backend"] = tuned_reason(tuned)  # a saved setting that names no loader timed worker processes
         return tuned.get("loader", "processes")
+    capped = gil_capped(workers, machine) if shm is not None else None
+    if capped is not None:
+        reasons["backend"] = capped
+        return "processes"
     reasons["backend"] = "auto: faster in make bench on this kind of machine"
     return DEFAULT_BACKEND
 
