@@ -13,7 +13,7 @@ import json
 import os
 
 from torchlab import parsing
-from torchlab.pipeline import plan
+from torchlab.pipeline import gil, plan
 
 PROG = "train.py"
 # Runs outlive the container on the /workspace volume, where Jupyter shows them (the image sets it).
@@ -93,7 +93,9 @@ class TrainConfig:
         "threads: decode threads in the training process write each sample into a reused batch buffer (nothing "
         "through /dev/shm); processes: DataLoader worker processes, whose batches pass through /dev/shm; auto: "
         "threads where /dev/shm is too small for the workers' batches, else what torchlab autotune saved, else "
-        f"{plan.DEFAULT_BACKEND} (faster on a 2-CPU machine: docs/performance.md) (default: auto)",
+        "processes where the decoding spans more CPUs than one process's threads keep busy before the GIL limits "
+        f"them (about {gil.thread_cpu_ceiling():.0f}), else {plan.DEFAULT_BACKEND} (faster on a 2-CPU machine: "
+        "docs/performance.md) (default: auto)",
         choices=("auto", *plan.BACKENDS),
     )
     jpeg_draft: bool = flag(
