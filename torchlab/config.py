@@ -75,8 +75,9 @@ class TrainConfig:
         "decode threads (--loader threads) or worker processes (--loader processes) per training process; 0: "
         "decoded in the training loop; auto: what torchlab autotune saved for this --data, --image-size, "
         f"--batch-size and device, else min({plan.MAX_AUTO_WORKERS}, usable CPUs / processes on this machine), "
-        f"counting CPU affinity and the cgroup CPU quota; N: at most {plan.MAX_WORKERS_PER_CPU} per usable CPU "
-        "(default: auto)",
+        "counting CPU affinity and the cgroup CPU quota; N: at most "
+        f"{plan.MAX_WORKERS_PER_CPU['processes']} worker processes or {plan.MAX_WORKERS_PER_CPU['threads']} decode "
+        "threads per usable CPU (default: auto)",
         worker_count,
     )
     prefetch_factor: int = flag(

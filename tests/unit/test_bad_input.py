@@ -66,7 +66,9 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, signal_handlers
     assert not run_dir.exists()
 
 
-def test_more_workers_than_4_per_cpu_is_refused(tmp_path, capsys, sample_set, monkeypatch, signal_handlers_restored):
+def test_more_workers_than_the_machine_allows_are_refused(
+    tmp_path, capsys, sample_set, monkeypatch, signal_handlers_restored
+):
     """Found by test_generated_flags.py: --workers 1_000 (Python's int() takes it) forked hundreds of copies
     of the training process until the machine ran out of memory."""
     monkeypatch.setattr(machine, "usable_cpu_count", lambda *args: 2)
@@ -76,9 +78,19 @@ def test_more_workers_than_4_per_cpu_is_refused(tmp_path, capsys, sample_set, mo
 
     assert exit_info.value.code == 2
     stderr = capsys.readouterr().err
-    assert stderr == "train.py: error: --workers 1000: expected at most 8 (4 per usable CPU, 2 here), or auto\n"
+    assert stderr == (
+        "train.py: error: --workers 1000: expected at most 64 decode threads (32 per usable CPU, 2 here), or auto\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*argv, "--workers", "9", "--loader", "processes"])
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert (
+        stderr
+        == "train.py: error: --workers 9: expected at most 8 worker processes (4 per usable CPU, 2 here), or auto\n"
+    )
     assert not (tmp_path / "run").exists()
-    train.main([*argv, "--workers", "8", "--batch-size", "8"])  # the bound itself is accepted
+    train.main([*argv, "--workers", "8", "--batch-size", "8", "--loader", "processes"])  # the bound is accepted
     assert "loader-only: " in capsys.readouterr().out
 
 

@@ -127,12 +127,17 @@ def test_decode_auto_is_gpu_on_cuda_where_most_files_are_jpegs_else_cpu_or_what_
     assert plan_for(tuned, cuda=True, workers=1).decode == "gpu"  # an explicit --workers reads nothing saved
 
 
-def test_workers_beyond_four_per_usable_cpu_are_refused_with_the_most_allowed():
-    assert plan_for(workers=8, cpus=2, shm_free=None).workers == 8
-    with pytest.raises(
-        plan.PlanError, match=r"^--workers 9: expected at most 8 \(4 per usable CPU, 2 here\), or auto$"
-    ):
-        plan_for(workers=9, cpus=2)
+def test_workers_beyond_the_machine_are_refused_with_the_most_allowed():
+    """Worker processes: 4 per usable CPU (each a copy of the training process); decode threads: 32 (each a stack,
+    useful for samples that mostly wait)."""
+    assert plan_for(workers=8, cpus=2, shm_free=None, loader="processes").workers == 8
+    expected = r"^--workers 9: expected at most 8 worker processes \(4 per usable CPU, 2 here\), or auto$"
+    with pytest.raises(plan.PlanError, match=expected):
+        plan_for(workers=9, cpus=2, loader="processes", shm_free=None)
+    assert plan_for(workers=64, cpus=2, loader="threads").workers == 64
+    expected = r"^--workers 65: expected at most 64 decode threads \(32 per usable CPU, 2 here\), or auto$"
+    with pytest.raises(plan.PlanError, match=expected):
+        plan_for(workers=65, cpus=2)
 
 
 def test_the_plan_reads_nothing_from_the_machine_itself(monkeypatch):

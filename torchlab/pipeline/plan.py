@@ -24,16 +24,18 @@ DECODERS = ("auto", "cpu", "gpu")
 DEFAULT_PREFETCH_FACTOR = 4  # batches each worker process loads ahead
 DEFAULT_THREAD_BATCHES_AHEAD = 2  # the thread loader's batches decoded ahead of the one in use
 MAX_AUTO_WORKERS = 8
-# --workers N above this per usable CPU is refused: each worker process is a copy of the training process
-# (hundreds of MB), so more only add memory and start-up time.
-MAX_WORKERS_PER_CPU = 4
+# --workers N above these per usable CPU is refused. Each worker process is a copy of the training process
+# (hundreds of MB), so more only add memory and start-up time; decode threads cost a stack each, and more of them
+# help only samples that mostly wait (reading from slow storage), up to the GIL's ceiling (gil.py).
+MAX_WORKERS_PER_CPU = {"processes": 4, "threads": 32}
+UNITS = {"processes": "worker processes", "threads": "decode threads"}
 # Besides the workers x prefetch_factor batches in flight, the main process holds the batch it is using and
 # the one it has just received, both still in /dev/shm.
 BATCHES_HELD_BY_MAIN = 2
 MB = 1e6
 
 
-class PlanError(ValueError):
+class PlanError(Exception):
     """The loader flags cannot be used on this machine: one line that says what to give instead."""
 
 
@@ -161,16 +163,19 @@ def tuned_reason(tuned):
     return f"autotuned (saved {saved}, for these flags)"
 
 
-def planned_workers(asked_workers, tuned, machine, reasons):
-    """--workers as given (at most MAX_WORKERS_PER_CPU per usable CPU: PlanError), else the saved setting's
-    (`tuned`, None: none), else one per usable CPU of this process's share, at most MAX_AUTO_WORKERS; the reason
-    goes into `reasons` where it was not given."""
-    most = MAX_WORKERS_PER_CPU * machine.cpus
+def check_workers(asked_workers, backend, machine):
+    """PlanError where --workers N is more than MAX_WORKERS_PER_CPU allows `backend` on this machine."""
+    most = MAX_WORKERS_PER_CPU[backend] * machine.cpus
     if asked_workers != "auto" and asked_workers > most:
         raise PlanError(
-            f"--workers {asked_workers}: expected at most {most} ({MAX_WORKERS_PER_CPU} per usable CPU, "
-            f"{machine.cpus} here), or auto"
+            f"--workers {asked_workers}: expected at most {most} {UNITS[backend]} ({MAX_WORKERS_PER_CPU[backend]} "
+            f"per usable CPU, {machine.cpus} here), or auto"
         )
+
+
+def planned_workers(asked_workers, tuned, machine, reasons):
+    """--workers as given, else the saved setting's (`tuned`, None: none), else one per usable CPU of this
+    process's share, at most MAX_AUTO_WORKERS; the reason goes into `reasons` where it was not given."""
     if asked_workers != "auto":
         return asked_workers
     if tuned is not None:
@@ -284,6 +289,7 @@ def plan(asked, tuned, machine, data):
     decode = planned_decode(asked, tuned, machine, data, reasons)
     one_batch_bytes = data.batch_bytes[decode]
     backend = planned_backend(asked, tuned, machine, workers, one_batch_bytes, reasons)
+    check_workers(asked.workers, backend, machine)
     prefetch_factor = planned_prefetch(asked, tuned, backend)
     shm_needed = 0
     if backend == "processes":

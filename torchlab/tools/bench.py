@@ -773,7 +773,7 @@ def main(argv=None, prog="torchlab bench"):
             torch.device("cuda" if use_cuda else "cpu"),
             print_line=lambda line: print(line, flush=True),
         )
-    except folder.DataError as error:
+    except (folder.DataError, plan.PlanError) as error:  # a /dev/shm too small for the worker processes' rows
         io.exit_with_error(prog, error)
     except decode.UNREADABLE_IMAGE_ERRORS as error:  # torchvision's ImageFolder raises them, in a worker or not
         cause = str(error).strip().splitlines()[-1]
