@@ -27,7 +27,8 @@ import time
 import numpy as np
 import torch
 
-from torchlab.pipeline import gil, public
+from torchlab import machine
+from torchlab.pipeline import gil, plan, public
 
 LOADER_THREADS = (2, 8, 32, 64)
 SLEEP_SECONDS = 0.001  # the loader ceiling's sample: a sleep outside the GIL
@@ -167,7 +168,8 @@ def decode_sample(dataset):
 def measure(dataset, samples=256):
     """The report's "gil" part: the loader's ceiling, the decode path's GIL share on `samples` of `dataset`
     (epoch 0) and the prediction at PREDICTED_CPUS of threads beside processes."""
-    rates = {threads: loader_rate(threads) for threads in LOADER_THREADS}
+    most = plan.MAX_WORKERS_PER_CPU["threads"] * machine.usable_cpu_count()  # what create_loader's plan allows
+    rates = {threads: loader_rate(threads) for threads in LOADER_THREADS if threads <= most}
     loader_gil_seconds = 1 / max(rates.values())
     keys = [(position, 0) for position in range(min(samples, len(dataset)))]
     decode_sample(dataset)(keys[0])  # the first call imports and allocates: not the per-sample cost
