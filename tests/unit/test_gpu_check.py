@@ -32,6 +32,13 @@ def test_the_dry_run_reports_every_figure(tmp_path):
         f"{backend} --decode {decoder}" for backend in ("threads", "processes") for decoder in ("cpu", "gpu")
     }
     assert all(list(map(int, rates)) == counts and min(rates.values()) > 0 for rates in report["scaling"].values())
+    # The GIL model's prediction beside them, from the one-thread rate: equal at one CPU, never threads above.
+    predicted = report["predicted"]
+    assert list(map(int, predicted)) == counts
+    one_thread = report["scaling"]["threads --decode cpu"]["1"]
+    assert predicted["1"]["processes"] == pytest.approx(one_thread) == pytest.approx(predicted["1"]["threads"])
+    assert all(0 < rates["threads"] <= rates["processes"] for rates in predicted.values())
+    assert "scaling predicted by pipeline/gil.py" in result.stdout
     assert set(report["model_only"]) == {"--compile off"} and report["model_only"]["--compile off"] > 0
     # train.py refuses --decode gpu without CUDA, and --compile is left to a GPU host
     assert set(report["training"]) == {"threads --decode cpu", "processes --decode cpu"}

@@ -4,7 +4,8 @@ On ImageNet-sized JPEGs generated here (tools/bench_data.py) and their prepared 
   decode     images/s of train.py's loader with --decode cpu and --decode gpu, batches normalised on the
              GPU but no model (raw files and the prepared copy)
   scaling    the same on the raw files against the decode threads or worker processes (1, 2, 4, 8 and all
-             usable CPUs), for --loader threads and processes, with each decoder
+             usable CPUs), for --loader threads and processes, with each decoder; beside it, what the GIL model
+             (pipeline/gil.py) predicts for --decode cpu from the one-thread rate on this host's CPUs
   model-only the ceiling: train.py's training step (ResNet-50, AMP, channels_last) fed one constant batch
              already on the GPU, with --compile off and on
   training   train.py itself (--max-steps) with each --loader and decoder, and the default with --compile:
@@ -32,7 +33,7 @@ from torchvision.io import decode_jpeg
 
 from torchlab import config, distributed, io, machine, model, parsing, resolve, train
 from torchlab.data import decode, prepared, splits
-from torchlab.pipeline import device_decode, loader
+from torchlab.pipeline import device_decode, gil, loader
 from torchlab.tools import bench, bench_data
 
 DECODERS = ("cpu", "gpu")
@@ -60,6 +61,19 @@ def decode_rates(roots, batch_size, device, passes, print_line):
 def parallel_counts(cpus):
     """1, 2, 4, 8 and every usable CPU, those at most `cpus`."""
     return sorted({count for count in (1, 2, 4, 8) if count <= cpus} | {cpus})
+
+
+def predicted_scaling(scaling):
+    """gil.py's prediction for the counts of `scaling` (scaling_rates' answer): {count: {"threads", "processes"}}
+    images/s, a sample costing this host's one-thread seconds (1 / threads --decode cpu at 1) with the GIL-held
+    share and loader time make bench measured. Set beside the measured rates, it checks the model."""
+    measured = scaling["threads --decode cpu"]
+    seconds = 1 / measured[1]
+    predicted = {}
+    for count in measured:
+        threads, processes = gil.predicted_rates(count, seconds, gil.DECODE_GIL_SHARE * seconds)
+        predicted[count] = {"threads": threads, "processes": processes}
+    return predicted
 
 
 def scaling_rates(data_root, batch_size, device, decoders, print_line):
@@ -235,6 +249,10 @@ def report_lines(report):
     for name, rates in report["scaling"].items():
         counts = ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items())
         lines.append(f"  scaling, {name} (count: images/s): {counts}")
+    predicted = ", ".join(
+        f"{count}: {rates['threads']:.0f} / {rates['processes']:.0f}" for count, rates in report["predicted"].items()
+    )
+    lines.append(f"  scaling predicted by pipeline/gil.py, --decode cpu (count: threads / processes): {predicted}")
     for name, rate in report["model_only"].items():
         lines.append(f"  model-only ceiling, {report['arch']} AMP {name}: {rate:.0f} images/s")
     for name, result in report["training"].items():
@@ -312,6 +330,7 @@ def main(argv=None, prog="torchlab gpu-check"):
         "streams": stream_check(data_root, args.batch_size, device) if device.type == "cuda" else {"wrong": {}},
     }
     report["share_of_ceiling"] = share_of_ceiling(report["training"], report["model_only"])
+    report["predicted"] = predicted_scaling(report["scaling"])
     json_path = io.write_json_report(args.out_dir, "gpu_check.json", report)
     for line in report_lines(report):
         print_line(line)
