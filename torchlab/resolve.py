@@ -100,5 +100,6 @@ def loader_plan(flags, device, index, processes_on_machine=1, read_tuned=True):
         key = (flags.data, flags.image_size, flags.batch_size, device, processes_on_machine)
         tuned = settings.saved_for(flags.autotune_file, *key)
     here = machine.probe(processes_on_machine, str(device).startswith("cuda"))
-    data = device_decode.plan_data(index, flags.image_size, flags.batch_size)
+    decoders = plan.decoders_possible(flags.decode, here.cuda)
+    data = device_decode.plan_data(index, flags.image_size, flags.batch_size, decoders)
     return plan.plan(flags.asked_loader(), tuned, here, data)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from conftest import QUICK_RUN
-from torchlab import machine, train
-from torchlab.pipeline import gil, loader, plan
+from torchlab import config, machine, resolve, train
+from torchlab.data import decode, splits
+from torchlab.pipeline import device_decode, gil, loader, plan
 
 MB = 1_000_000
 BATCH_256 = loader.batch_bytes(256, 224)  # 38.5 MB
@@ -187,3 +188,14 @@ def test_auto_picks_processes_where_the_gil_caps_threads_below_them_and_says_so(
     assert plan_for(workers=beyond, cpus=beyond, shm_free=roomy, loader="threads").backend == "threads"
     # --workers auto starts at most MAX_AUTO_WORKERS, within the measured ceiling: threads, on any machine.
     assert ceiling >= plan.MAX_AUTO_WORKERS and plan_for(cpus=128, shm_free=roomy).backend == "threads"
+
+
+def test_a_plan_that_cannot_decode_on_the_gpu_reads_no_file(sample_set, monkeypatch):
+    """The encoded files' sizes and the JPEG sniff are what --decode gpu needs: without CUDA they are not read."""
+    _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
+    reads = []
+    monkeypatch.setattr(decode, "encoded_bytes", lambda source: reads.append(source) or b"")
+    flags = config.parse_args(["--data", str(sample_set), "--autotune-file", "/dev/null"])
+    used = resolve.loader_plan(flags, "cpu", train_index)
+    assert (used.decode, reads) == ("cpu", [])
+    assert set(device_decode.plan_data(train_index, 32, 8).batch_bytes) == {"cpu", "gpu"} and reads  # gpu: read

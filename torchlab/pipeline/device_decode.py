@@ -50,12 +50,15 @@ def mostly_jpegs(index, count=SNIFFED_SAMPLES):
     return jpegs * 2 > len(positions)
 
 
-def plan_data(index, image_size, batch_size):
-    """What the loader plan takes of train.py's data (plan.Data): one batch's bytes in /dev/shm for each decoder,
-    and whether most files of `index` are JPEGs (--decode auto's gpu needs that)."""
+def plan_data(index, image_size, batch_size, decoders=("cpu", "gpu")):
+    """What the loader plan takes of train.py's data (plan.Data): one batch's bytes in /dev/shm for each of
+    `decoders` (plan.decoders_possible), and whether most files of `index` are JPEGs where gpu is one of them.
+    Only the gpu decoder's figures read files: a run that cannot decode on the GPU reads none here."""
+    batch_bytes = {"cpu": loader.batch_bytes(batch_size, image_size)}
+    if "gpu" not in decoders:
+        return plan.Data(batch_bytes)
     encoded = EncodedImageDataset(index, image_size, train=True, seed=0, draft=True)
-    batch_bytes = {"cpu": loader.batch_bytes(batch_size, image_size), "gpu": encoded.batch_bytes(batch_size)}
-    return plan.Data(batch_bytes, mostly_jpegs(index))
+    return plan.Data({**batch_bytes, "gpu": encoded.batch_bytes(batch_size)}, mostly_jpegs(index))
 
 
 def device_decodable_size(data):

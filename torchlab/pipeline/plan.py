@@ -185,6 +185,13 @@ def planned_workers(asked_workers, tuned, machine, reasons):
     return min(MAX_AUTO_WORKERS, max(1, machine.cpus // machine.processes))
 
 
+def decoders_possible(asked_decode, cuda):
+    """The decoders a plan for --decode `asked_decode` may pick: those whose figures its Data needs."""
+    if asked_decode != "auto":
+        return (asked_decode,)
+    return ("cpu", "gpu") if cuda else ("cpu",)
+
+
 def planned_decode(asked, tuned, machine, data, reasons):
     """--decode as given; auto: the saved setting's, else gpu on CUDA where most files are JPEGs, else cpu."""
     if asked.decode != "auto":

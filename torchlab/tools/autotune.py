@@ -138,7 +138,8 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
     `flags` is a TrainConfig, `device` a torch.device; worker-process settings whose batches would not fit in
     /dev/shm's free space are skipped.
     """
-    data = device_decode.plan_data(index, flags.image_size, flags.batch_size)
+    possible = plan.decoders_possible(flags.decode, device.type == "cuda")
+    data = device_decode.plan_data(index, flags.image_size, flags.batch_size, possible)
     decoders = decoders_to_try(flags.decode, device, data)
     datasets = {
         decoder: device_decode.make_dataset(decoder, index, flags.image_size, True, flags.seed, True)
