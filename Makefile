@@ -15,6 +15,8 @@ JUPYTER_UI ?= notebook## what `make run`'s Jupyter URL opens: notebook (Notebook
 JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
 REPORTS ?=## folder for the test targets' JUnit XML reports (the hosted CI uploads them); empty = none
+UNIT_TIMEOUT ?= 1500## seconds before a hung `make test-unit` is stopped, every thread's stack printed (about 630 s here)
+IMAGE_TIMEOUT ?= 3000## seconds before a hung `make test-image` is interrupted, its fixtures torn down (about 1400 s here)
 BENCH_IMAGES ?= 2000## images generated (once, into .cache/bench) for `make bench`
 TRAIN_ARGS ?=## train.py flags of `make multinode`, e.g. "--arch resnet18 --epochs 1"
 
@@ -172,12 +174,13 @@ test-static: $(VENV)/.done ## checks that need no build: env pins, Dockerfile, k
 
 test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside the image (on the sources in this folder)
 	$(DOCKER_CLI) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
-		python -m pytest -p no:cacheprovider tests/unit benchmarks
+		timeout -s ABRT -k 30 $(UNIT_TIMEOUT) python -m pytest -p no:cacheprovider tests/unit benchmarks
 	$(DOCKER_CLI) run --rm -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
-		python -m pytest -p no:cacheprovider -m small_shm tests/unit
+		timeout -s ABRT -k 30 $(UNIT_TIMEOUT) python -m pytest -p no:cacheprovider -m small_shm tests/unit
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
-	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) $(VENV)/bin/pytest -s tests/image $(call junit,image)
+	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) \
+		timeout -s INT -k 120 $(IMAGE_TIMEOUT) $(VENV)/bin/pytest -s tests/image $(call junit,image)
 
 export-env: ## write the built env (less torchlab itself) to LOCK_DIR/<what is inside>-<VERSION>.{conda.yml,pypi.txt}; commit it per release
 	@set -o pipefail; tag=$$($(INSIDE))-$(VERSION) && mkdir -p $(LOCK_DIR) && \

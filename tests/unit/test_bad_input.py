@@ -94,6 +94,22 @@ def test_more_workers_than_the_machine_allows_are_refused(
     assert "loader-only: " in capsys.readouterr().out
 
 
+def test_batches_ahead_beyond_the_memory_are_refused(tmp_path, capsys, sample_set, signal_handlers_restored):
+    """Found by test_generated_flags.py in CI: --prefetch-factor 3044578022 made the thread loader allocate that
+    many batch buffers; the run grew for an hour, until CI gave up."""
+    argv = ["--data", str(sample_set), "--run-dir", str(tmp_path / "run"), "--device", "cpu", "--loader-only"]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*argv, "--prefetch-factor", "3044578022", "--batch-size", "16"])
+
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and stderr.startswith(
+        "train.py: error: --prefetch-factor 3044578022 (--batch-size 16): the loader would hold 3,044,578,023 batches"
+    )
+    assert "of memory free here; expected --prefetch-factor at most " in stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_too_few_images_for_one_batch(tmp_path, capsys, monkeypatch, sample_set, signal_handlers_restored):
     # A /dev/shm too small for such batches: the loader, made first, said so before this line, or failed on it.
     monkeypatch.setattr(machine, "shared_memory_bytes", lambda *args: (64 * 10**6, 64 * 10**6))

@@ -208,6 +208,21 @@ def test_threads_yield_the_batches_worker_processes_yield(sample_set):
     assert not torch.equal(in_processes[0][0], epoch_batches(thread_options(2), epoch=2)[0][0])
 
 
+def test_the_ring_holds_no_more_batches_than_a_pass_has(sample_set):
+    """50 batches ahead of a 3-batch epoch: the ring is 3 buffers, not 51 (a --prefetch-factor of 3044578022 built
+    a ring of that many), and a resumed pass keeps it; collate mode's slots likewise."""
+    _, train_index, _ = splits.load_splits(str(sample_set), val_fraction=0.1, seed=0)
+    dataset = decode.ImageDataset(train_index.subset(np.arange(24)), image_size=16, train=True, seed=0)
+    data_loader = loader.build_loader(dataset, thread_options(2, batches_ahead=50), torch.device("cpu"))
+    data_loader.sampler.set_epoch(0, skip=8)
+    assert len(list(data_loader)) == 2 and len(data_loader.ring) == 3
+    data_loader.sampler.set_epoch(1)
+    assert len(list(data_loader)) == 3 and len(data_loader.ring) == 3
+    assert (
+        loader.build_loader(KeyDataset(24), thread_options(2, batches_ahead=50), torch.device("cpu")).slot_count() == 3
+    )
+
+
 def test_thread_loader_counts_batches_as_the_dataloader_does():
     """KeyDataset has a collate of its own: the threads batch what it gives (as --decode gpu's dataset)."""
     for train, rank, world_size, batches in [(True, 1, 4, 6), (False, 0, 3, 9)]:

@@ -17,9 +17,11 @@ MB = 1_000_000
 BATCH_256 = loader.batch_bytes(256, 224)  # 38.5 MB
 
 
-def plan_for(tuned=None, shm_free=64 * MB, one_batch=BATCH_256, cpus=2, cuda=False, mostly_jpegs=True, **asked):
+def plan_for(
+    tuned=None, shm_free=64 * MB, one_batch=BATCH_256, cpus=2, cuda=False, mostly_jpegs=True, memory=None, **asked
+):
     data = plan.Data({"cpu": one_batch, "gpu": one_batch}, mostly_jpegs)
-    return plan.plan(plan.Asked(**asked), tuned, machine.Machine(cpus, shm_free, 1, cuda), data)
+    return plan.plan(plan.Asked(**asked), tuned, machine.Machine(cpus, shm_free, 1, cuda, memory), data)
 
 
 def test_auto_takes_threads_where_dev_shm_cannot_hold_the_workers_batches():
@@ -141,6 +143,30 @@ def test_workers_beyond_the_machine_are_refused_with_the_most_allowed():
         plan_for(workers=65, cpus=2)
 
 
+def test_batches_held_beyond_the_free_memory_are_refused_with_what_fits():
+    """A --prefetch-factor of 3044578022 made the thread loader allocate a ring of that many batches: the run grew
+    until the machine ran out of memory (CI's property test hung for an hour on it). The plan refuses batches that
+    cannot all be held at once, with the most that would be, and takes those that can."""
+    memory = 10 * BATCH_256  # ten batches
+    assert plan_for(memory=memory, prefetch_factor=9).prefetch_factor == 9  # 9 ahead and the one in use
+    expected = (
+        r"^--prefetch-factor 10 \(--batch-size 256\): the loader would hold 11 batches of 38\.5 MB at once, 424 MB, "
+        r"more than the 385 MB of memory free here; expected --prefetch-factor at most 9$"
+    )
+    with pytest.raises(plan.PlanError, match=expected):
+        plan_for(memory=memory, prefetch_factor=10, batch_size=256)
+    with pytest.raises(plan.PlanError, match="3,044,578,023 batches .* at most 9$"):
+        plan_for(memory=memory, prefetch_factor=3044578022, batch_size=256)
+    # Worker processes: each worker's batches in flight, and the two the main process holds.
+    used = plan_for(memory=memory, shm_free=None, loader="processes", workers=2, prefetch_factor=4)
+    assert used.batches_in_flight == 8
+    with pytest.raises(plan.PlanError, match="11 batches .* expected --prefetch-factor at most 2$"):
+        plan_for(memory=memory, shm_free=None, loader="processes", workers=3, prefetch_factor=3)
+    with pytest.raises(plan.PlanError, match="expected a smaller --batch-size$"):
+        plan_for(memory=BATCH_256 - 1, workers=0)
+    assert plan_for(memory=None, prefetch_factor=3044578022).prefetch_factor == 3044578022  # unknown: not refused
+
+
 def test_the_plan_reads_nothing_from_the_machine_itself(monkeypatch):
     """Pure: the same inputs give the same plan, and the machine it is given is the only one it knows."""
 
@@ -149,6 +175,7 @@ def test_the_plan_reads_nothing_from_the_machine_itself(monkeypatch):
 
     monkeypatch.setattr(machine, "usable_cpu_count", no_probe)
     monkeypatch.setattr(machine, "shared_memory_bytes", no_probe)
+    monkeypatch.setattr(machine, "memory_free", no_probe)
     assert plan_for(cpus=3) == plan_for(cpus=3) and plan_for(cpus=3).workers == 3
 
 

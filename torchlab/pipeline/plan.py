@@ -286,10 +286,37 @@ def fitted_processes(machine, workers, prefetch_factor, one_batch_bytes, reasons
     return fitted.workers, fitted.prefetch_factor
 
 
+def batches_held(backend, workers, prefetch_factor):
+    """Batches a loader holds at once: the thread loader's ring (those ahead and the one in use); worker
+    processes' in flight and those the main process holds; or, with no worker processes, the one being made."""
+    if backend == "threads":
+        return prefetch_factor + 1
+    return workers * prefetch_factor + BATCHES_HELD_BY_MAIN if workers > 0 else 1
+
+
+def check_memory(machine, backend, workers, prefetch_factor, one_batch_bytes, batch_size):
+    """PlanError where the batches the loaders of this machine's training processes hold at once need more
+    memory than is free: a run that would fail later, or swap, is refused now with what would fit."""
+    free, held = machine.memory_free, batches_held(backend, workers, prefetch_factor)
+    needed = machine.processes * held * one_batch_bytes
+    if free is None or needed <= free:
+        return
+    batches_fit = free // machine.processes // one_batch_bytes
+    most = batches_fit - 1 if backend == "threads" else (batches_fit - BATCHES_HELD_BY_MAIN) // max(1, workers)
+    expected = f"--prefetch-factor at most {most}" if most >= 1 else "a smaller --batch-size"
+    over = f" for {machine.processes} training processes" if machine.processes > 1 else ""
+    raise PlanError(
+        f"--prefetch-factor {prefetch_factor} (--batch-size {batch_size}): the loader would hold {held:,} batches "
+        f"of {one_batch_bytes / MB:.1f} MB at once, {needed / MB:,.0f} MB{over}, more than the {free / MB:,.0f} MB "
+        f"of memory free here; expected {expected}"
+    )
+
+
 def plan(asked, tuned, machine, data):
     """The LoaderPlan for `asked` (Asked) with `tuned` (the setting autotune saved for these flags, used with
     --workers auto; None: none), on `machine` (machine.Machine) for `data` (Data). Raises PlanError for --workers
-    beyond the machine, SharedMemoryError where --loader processes cannot fit one worker's batches."""
+    beyond the machine and for batches held at once beyond its free memory, SharedMemoryError where --loader
+    processes cannot fit one worker's batches."""
     reasons = {}
     tuned = tuned if asked.workers == "auto" else None
     workers = planned_workers(asked.workers, tuned, machine, reasons)
@@ -302,6 +329,7 @@ def plan(asked, tuned, machine, data):
     if backend == "processes":
         shm_needed = shared_memory_needed(workers, prefetch_factor, one_batch_bytes, machine.processes)
         workers, prefetch_factor = fitted_processes(machine, workers, prefetch_factor, one_batch_bytes, reasons)
+    check_memory(machine, backend, workers, prefetch_factor, one_batch_bytes, asked.batch_size)
     jpeg_draft = asked.jpeg_draft
     if jpeg_draft is None:
         jpeg_draft = tuned["jpeg_draft"] if tuned is not None else True

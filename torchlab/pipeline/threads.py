@@ -4,9 +4,9 @@ preallocated batch, and a ring of those batches (pinned on CUDA) handed to the t
 Nothing passes through /dev/shm and nothing is collated: a thread takes the next sample of the pass, waits until
 the batch buffer that sample belongs to is free, decodes, crops, resizes and flips into the slot (libjpeg-turbo,
 torch's resize and numpy's copy all run without the GIL), and the thread that fills a batch's last slot wakes
-the loop. The ring holds `batches_ahead` batches besides the one the loop is using; a batch's buffer is refilled
-only once the loop has asked for the next batch (and, on CUDA, once the copy it queued from it has finished: a
-CUDA event). So a batch is valid until the next one is asked for: .clone() one to keep it.
+the loop. The ring holds `batches_ahead` batches besides the one the loop is using (no more than a pass has); a
+batch's buffer is refilled only once the loop has asked for the next batch (and, on CUDA, once the copy it queued
+from it has finished: a CUDA event). So a batch is valid until the next one is asked for: .clone() one to keep it.
 
 The samples, their order and their augmentation are the sampler's and the dataset's, as with DataLoader: the
 same batches for the same (seed, epoch, position), however many threads, and a resumed pass (set_epoch's skip)
@@ -132,11 +132,15 @@ class ThreadLoader:
         batches, rest = divmod(samples, self.batch_size)
         return batches + int(rest > 0 and not self.drop_last)
 
+    def slot_count(self):
+        """Batches a pass holds at once: those ahead and the one in use, but no more than a whole pass has."""
+        return max(1, min(self.batches_ahead + 1, self._batch_count(self.sampler.samples_per_epoch())))
+
     def _make_ring(self):
         if self.ring is None and self.in_place:
             self.ring = [
                 BatchBuffer(self.batch_size, self.dataset.batch_fields, self.pin_memory)
-                for _ in range(self.batches_ahead + 1)
+                for _ in range(self.slot_count())
             ]
         return self.ring
 
@@ -159,7 +163,7 @@ class Pass:
         self.batch_count = loader._batch_count(samples)
         self.samples = min(samples, self.batch_count * loader.batch_size)
         self.ring = loader._make_ring()
-        self.slots = len(self.ring) if self.ring else loader.batches_ahead + 1
+        self.slots = len(self.ring) if self.ring else loader.slot_count()
         self.condition = threading.Condition()
         self.next_sample = 0
         self.usable_from = list(range(self.slots))  # ring slot r may take batch usable_from[r] and none later
