@@ -307,7 +307,7 @@ def check_memory(machine, backend, workers, prefetch_factor, one_batch_bytes, ba
     over = f" for {machine.processes} training processes" if machine.processes > 1 else ""
     raise PlanError(
         f"--prefetch-factor {prefetch_factor} (--batch-size {batch_size}): the loader would hold {held:,} batches "
-        f"of {one_batch_bytes / MB:.1f} MB at once, {needed / MB:,.0f} MB{over}, more than the {free / MB:,.0f} MB "
+        f"of {one_batch_bytes / MB:.3g} MB at once, {needed / MB:,.0f} MB{over}, more than the {free / MB:,.0f} MB "
         f"of memory free here; expected {expected}"
     )
 
