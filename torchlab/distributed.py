@@ -4,18 +4,22 @@ torchrun sets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (and the rendezv
 process it starts; without them this is the only process. NCCL connects the processes on GPUs, gloo on CPUs.
 """
 
+import collections
 import dataclasses
 import os
+import pickle
 
 import torch
 import torch.distributed as dist
 
-# The stop vote's tensor lives as long as the interpreter, longer than any process group. A gloo worker
-# thread may free its last finished collective (held on by the closing barrier) while the main thread,
-# holding the GIL, is in ~ProcessGroupGloo waiting for that thread: if the tensor's Python object had
-# already gone, freeing the tensor would need the GIL, and the process would hang at exit after its run
-# (pytorch/pytorch#56297; torch 2.8 releases the GIL there, pytorch/pytorch#154976).
+# A gloo worker thread frees the collective it last ran after the main thread has moved on. If the main thread is
+# by then in ~ProcessGroupGloo (destroy_process_group), holding the GIL while it waits for that thread, and the
+# tensor's Python object has already gone, freeing the tensor needs the GIL: the process hangs at exit after its
+# run (pytorch/pytorch#56297; torch 2.8 releases the GIL there, pytorch/pytorch#154976). So every tensor a
+# collective here takes keeps its Python object until finish() has destroyed the groups: the stop vote's for the
+# interpreter's life, the latest collectives' (more than the worker threads can hold) in _LATEST.
 _VOTES = torch.zeros(2, dtype=torch.int64)
+_LATEST = collections.deque(maxlen=8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +66,14 @@ def finish(processes):
     if processes.is_distributed:
         dist.barrier(group=processes.cpu_group)
         dist.destroy_process_group()
+        _LATEST.clear()
 
 
 def sum_over_processes(values, processes):
     """`values` (a tensor) summed over all processes, in place; every process must call this together."""
     if processes.is_distributed:
         dist.all_reduce(values)
+        _LATEST.append(values)
     return values
 
 
@@ -83,9 +89,18 @@ def any_process(flags, processes):
 
 
 def gathered(value, processes):
-    """Every process's `value` (any picklable object), in rank order; every process must call this together."""
+    """Every process's `value` (any picklable object), in rank order; every process must call this together.
+    Pickled, as all_gather_object does, into tensors that _LATEST keeps."""
     if not processes.is_distributed:
         return [value]
-    values = [None] * processes.world_size
-    dist.all_gather_object(values, value, group=processes.cpu_group)
-    return values
+    pickled, members = pickle.dumps(value), dist.get_world_size(processes.cpu_group)
+    size = torch.tensor([len(pickled)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(members)]
+    dist.all_gather(sizes, size, group=processes.cpu_group)
+    longest = max(int(each) for each in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[: len(pickled)] = torch.frombuffer(bytearray(pickled), dtype=torch.uint8)
+    received = [torch.empty(longest, dtype=torch.uint8) for _ in range(members)]
+    dist.all_gather(received, mine, group=processes.cpu_group)
+    _LATEST.append((size, sizes, mine, received))
+    return [pickle.loads(data[: int(length)].numpy().tobytes()) for data, length in zip(received, sizes, strict=True)]

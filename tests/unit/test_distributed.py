@@ -1,9 +1,11 @@
-"""distributed.py: the stop vote over a real gloo group (the two-process run is test_train's torchrun test)."""
+"""distributed.py: the stop vote, the sums and the gathering over a real gloo group (the two-process runs are
+test_train's and test_resume's torchrun tests)."""
 
 import gc
 import weakref
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from torchlab import distributed
@@ -37,3 +39,28 @@ def test_the_stop_vote_counts_each_call_and_its_tensor_outlives_the_call(gloo_gr
     # gloo's threads may still hold the tensor when the group is torn down; its Python object must not have
     # gone, or freeing it there needs the GIL the tearing-down thread holds, and the process hangs at exit.
     assert len(voted) == 2 and all(ref() is not None for ref in voted)
+
+
+def test_every_tensor_a_collective_took_outlives_it_until_finish(gloo_group, monkeypatch):
+    """CI hung for 5 minutes in a two-process run stopped by SIGTERM, after its checkpoint: that stop gathers every
+    process's epoch sums just before the groups are destroyed, and all_gather_object's own tensors died with the
+    call. Here each tensor handed to a collective is still alive after the calls, until finish() is done."""
+    processes = distributed.Processes(world_size=2, cpu_group=gloo_group)
+    handed = []
+    for name in ("all_reduce", "all_gather"):
+        collective = getattr(dist, name)
+
+        def recording(*args, collective=collective, **kwargs):
+            for arg in args:
+                handed.extend(weakref.ref(tensor) for tensor in (arg if isinstance(arg, list) else [arg]))
+            return collective(*args, **kwargs)
+
+        monkeypatch.setattr(dist, name, recording)
+
+    assert distributed.gathered({"bad": ["a.jpg"], "sums": [1, 2]}, processes) == [{"bad": ["a.jpg"], "sums": [1, 2]}]
+    assert distributed.sum_over_processes(torch.tensor([3.0, 4.0]), processes).tolist() == [3.0, 4.0]
+    gc.collect()
+    assert len(handed) == 5 and all(ref() is not None for ref in handed)  # size out and in, data out and in, sum
+    distributed._LATEST.clear()  # what finish() does once the groups are gone (the fixture destroys them)
+    gc.collect()
+    assert all(ref() is None for ref in handed)
