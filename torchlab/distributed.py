@@ -15,10 +15,9 @@ import torch.distributed as dist
 # A gloo worker thread frees the collective it last ran after the main thread has moved on. If the main thread is
 # by then in ~ProcessGroupGloo (destroy_process_group), holding the GIL while it waits for that thread, and the
 # tensor's Python object has already gone, freeing the tensor needs the GIL: the process hangs at exit after its
-# run (pytorch/pytorch#56297; torch 2.8 releases the GIL there, pytorch/pytorch#154976). So every tensor a
-# collective here takes keeps its Python object until finish() has destroyed the groups: the stop vote's for the
-# interpreter's life, the latest collectives' (more than the worker threads can hold) in _LATEST.
-_VOTES = torch.zeros(2, dtype=torch.int64)
+# run (pytorch/pytorch#56297; torch 2.8 releases the GIL there, pytorch/pytorch#154976). So the tensors of the
+# latest collectives here (more than the worker threads of both groups can hold) keep their Python objects in
+# _LATEST until finish() has destroyed the groups.
 _LATEST = collections.deque(maxlen=8)
 
 
@@ -78,14 +77,14 @@ def sum_over_processes(values, processes):
 
 
 def any_process(flags, processes):
-    """For each of `flags` (a tuple of at most two bools): True on every process when it is true on at least one
-    of them. One collective for both."""
+    """For each of `flags` (a tuple of bools): True on every process when it is true on at least one of them. One
+    collective for all."""
     if not processes.is_distributed:
         return flags
-    _VOTES.zero_()
-    _VOTES[: len(flags)] = torch.tensor(flags, dtype=torch.int64)
-    dist.all_reduce(_VOTES, op=dist.ReduceOp.MAX, group=processes.cpu_group)
-    return tuple(bool(vote) for vote in _VOTES[: len(flags)].tolist())
+    votes = torch.tensor(flags, dtype=torch.int64)
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=processes.cpu_group)
+    _LATEST.append(votes)
+    return tuple(bool(vote) for vote in votes.tolist())
 
 
 def gathered(value, processes):

@@ -135,10 +135,18 @@ class SharedMemoryFit:
     possible: bool
 
 
+def batches_held(backend, workers, prefetch_factor):
+    """Batches a loader holds at once: the thread loader's ring (those ahead and the one in use); worker
+    processes' in flight and those the main process holds; or, with no worker processes, the one being made."""
+    if backend == "threads":
+        return prefetch_factor + 1
+    return workers * prefetch_factor + BATCHES_HELD_BY_MAIN if workers > 0 else 1
+
+
 def shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes=1):
-    """/dev/shm bytes that the loaders' batches take at most: those in flight and those each main process holds."""
-    per_process = (workers * prefetch_factor + BATCHES_HELD_BY_MAIN) * one_batch_bytes if workers > 0 else 0
-    return processes * per_process
+    """/dev/shm bytes that the loaders' batches take at most: the batches worker processes hold (none without
+    them), in each training process."""
+    return processes * batches_held("processes", workers, prefetch_factor) * one_batch_bytes if workers > 0 else 0
 
 
 def fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, processes=1):
@@ -284,14 +292,6 @@ def fitted_processes(machine, workers, prefetch_factor, one_batch_bytes, reasons
         too_small = too_little(machine, workers, prefetch_factor, one_batch_bytes)
         reasons["workers"] = f"lowered from {workers} x {prefetch_factor}: {too_small}; --loader threads needs none"
     return fitted.workers, fitted.prefetch_factor
-
-
-def batches_held(backend, workers, prefetch_factor):
-    """Batches a loader holds at once: the thread loader's ring (those ahead and the one in use); worker
-    processes' in flight and those the main process holds; or, with no worker processes, the one being made."""
-    if backend == "threads":
-        return prefetch_factor + 1
-    return workers * prefetch_factor + BATCHES_HELD_BY_MAIN if workers > 0 else 1
 
 
 def check_memory(machine, backend, workers, prefetch_factor, one_batch_bytes, batch_size):
