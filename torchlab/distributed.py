@@ -12,12 +12,13 @@ import pickle
 import torch
 import torch.distributed as dist
 
-# A gloo worker thread frees the collective it last ran after the main thread has moved on. If the main thread is
-# by then in ~ProcessGroupGloo (destroy_process_group), holding the GIL while it waits for that thread, and the
-# tensor's Python object has already gone, freeing the tensor needs the GIL: the process hangs at exit after its
-# run (pytorch/pytorch#56297; torch 2.8 releases the GIL there, pytorch/pytorch#154976). So the tensors of the
-# latest collectives here (more than the worker threads of both groups can hold) keep their Python objects in
-# _LATEST until finish() has destroyed the groups.
+# A gloo worker thread frees the collective it last ran after the main thread has moved on. A group is destroyed
+# when its last Python reference goes (when main() returns, not in destroy_process_group), and ~ProcessGroupGloo
+# joins those threads holding the GIL. If the tensor's Python object has already gone by then, the thread needs
+# the GIL to free it, and the process hangs at exit (pytorch/pytorch#56297, fixed in torch 2.8 by
+# pytorch/pytorch#154976; py-spy caught it here: a thread freeing the stop barrier's prior all_reduce). So the
+# tensors of the latest collectives (more than the worker threads of both groups can hold) keep their Python
+# objects in _LATEST for the life of the process.
 _LATEST = collections.deque(maxlen=8)
 
 
@@ -65,7 +66,6 @@ def finish(processes):
     if processes.is_distributed:
         dist.barrier(group=processes.cpu_group)
         dist.destroy_process_group()
-        _LATEST.clear()
 
 
 def sum_over_processes(values, processes):

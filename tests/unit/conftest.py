@@ -70,6 +70,30 @@ def run_train(*args, timeout=240):
     )
 
 
+def run_torchrun(program, *args, env=TRAIN_ENV, timeout=300):
+    """`program` run by torchrun in two processes. One that hangs fails the test with its workers' Python stacks,
+    not only a time-out: SIGABRT makes their faulthandler print them."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(program)]
+    command += map(str, args)
+    environment = {**env, "PYTHONFAULTHANDLER": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in child_pids(process.pid):  # the workers; torchrun then reports their end and exits
+            os.kill(pid, signal.SIGABRT)
+        stdout, stderr = process.communicate(timeout=60)
+        output = f"its output ends:\n{stdout[-1500:]}\nits stacks:\n{stderr[-20000:]}"
+        pytest.fail(f"torchrun hung for {timeout} s; {output}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def child_pids(pid):
+    return [
+        int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()
+    ]
+
+
 def start_train(*args, **popen_options):
     return subprocess.Popen(
         train_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=TRAIN_ENV, **popen_options

@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, TRAIN_ENV, TRAIN_SCRIPT, read_metrics, run_train
+from conftest import ROOT, TRAIN_ENV, TRAIN_SCRIPT, read_metrics, run_torchrun, run_train
 from torchlab import train
 
 # The tiny set (2 classes, 13 training images each) in batches of 4: 6 steps an epoch, 2 images left out.
@@ -127,10 +127,8 @@ def test_torchrun_resume_after_sigterm_stops_at_max_steps_exactly(tiny_set, tmp_
     env = {**TRAIN_ENV, "PYTHONPATH": str(ROOT), "SIGTERM_AT_STEP": "4", "SIGTERM_RANK": "1"}
 
     def torchrun(program, run_dir, *args):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(program)]
-        command += ["--data", str(tiny_set), "--run-dir", str(run_dir), "--workers", "1", *TINY_RUN]
-        command += ["--batch-size", "2", *args]
-        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+        flags = ("--data", tiny_set, "--run-dir", run_dir, "--workers", "1", *TINY_RUN, "--batch-size", "2", *args)
+        result = run_torchrun(program, *flags, env=env)
         assert result.returncode == 0, result.stderr[-3000:]
         return result
 

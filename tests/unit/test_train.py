@@ -5,13 +5,20 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import QUICK_RUN, TRAIN_ENV, TRAIN_SCRIPT, last_step, read_metrics, run_train, start_train, wait_until
+from conftest import (
+    QUICK_RUN,
+    TRAIN_SCRIPT,
+    last_step,
+    read_metrics,
+    run_torchrun,
+    run_train,
+    start_train,
+    wait_until,
+)
 from torchlab import config
 from torchlab.data import splits
 from torchlab.pipeline import sampler
@@ -195,10 +202,8 @@ def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_pat
     broken = one_training_file_per_rank(data_dir, world_size=2)
     for path in broken:
         path.write_bytes(path.read_bytes()[:300])  # truncated
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    train_flags = ["--data", str(data_dir), "--run-dir", str(run_dir), "--epochs", "2", "--workers", "1"]
-    command = [*torchrun, str(TRAIN_SCRIPT), *train_flags, *QUICK_RUN]
-    result = subprocess.run(command, capture_output=True, text=True, env=TRAIN_ENV, timeout=300, check=False)
+    train_flags = ["--data", data_dir, "--run-dir", run_dir, "--epochs", "2", "--workers", "1"]
+    result = run_torchrun(TRAIN_SCRIPT, *train_flags, *QUICK_RUN)
 
     assert result.returncode == 0, result.stderr[-3000:]
     config_record = json.loads((run_dir / "config.json").read_text())
