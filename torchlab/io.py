@@ -9,6 +9,7 @@ name (or inside it, where it is an empty folder already), marked complete, renam
 """
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -132,16 +133,31 @@ def publish_folder(out_dir, write_into, settings):
     return True
 
 
-def report_published(prog, out_dir, write):
+def report_published(prog, out_dir, write, size=None):
     """Run write() (which publishes out_dir atomically) and say what it did; a clash, a file where the folder
-    would go, or a parent folder this user cannot write in, is one line and exit 2, before write() starts."""
+    would go, or a parent folder this user cannot write in, is one line and exit 2, before write() starts. So is
+    a set larger than the space free there: `size` is (its bytes, roughly; what they are, for the message). A
+    disk that fills up all the same is one line and exit 1, with nothing of the set left behind."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         exit_with_error(prog, unwritable_reason(out_dir))
     if not os.path.exists(os.path.join(out_dir, COMPLETE_MARKER)):
         # Where publish_folder writes: in an existing folder, else beside it.
-        writable_folder(prog, out_dir if os.path.isdir(out_dir) else os.path.dirname(os.path.abspath(out_dir)), out_dir)
+        folder = out_dir if os.path.isdir(out_dir) else os.path.dirname(os.path.abspath(out_dir))
+        writable_folder(prog, folder, out_dir)
+        free = shutil.disk_usage(folder).free
+        if size is not None and size[0] > free:
+            exit_with_error(
+                prog,
+                f"{size[1]}: about {size[0] / 1e6:,.0f} MB, more than the {free / 1e6:,.0f} MB free in {folder}; "
+                "expected a smaller set",
+            )
     try:
         written = write()
     except FileExistsError as error:
         exit_with_error(prog, error)
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        full = f"{out_dir}: no space left on its device while writing it; nothing of it was kept"
+        exit_with_error(prog, full, status=1)
     print(f"{'wrote' if written else 'already complete:'} {out_dir}")

@@ -20,6 +20,7 @@ from torchlab import io, parsing
 
 SPLIT_SEEDS = {"train": 0, "val": 1}
 NOISE_FFT_SIDE = 512  # the smallest FFT side; larger images get the next power of two
+IMAGE_BYTES = 88_000  # a file's size on average: the default set is 17.6 MB for 200 files
 
 
 def pink_noise(rng, height, width):
@@ -82,10 +83,13 @@ def main(argv=None, prog="torchlab sample-data"):
     for name, minimum in minimums.items():
         if getattr(args, name) < minimum:
             parser.error(f"--{name.replace('_', '-')}: expected an integer >= {minimum}, got {getattr(args, name)}")
+    images = args.classes * (args.per_class + args.val_per_class)
+    counts = f"--classes {args.classes} x (--per-class {args.per_class} + --val-per-class {args.val_per_class})"
     io.report_published(
         prog,
         args.out_dir,
         lambda: write_sample_data(args.out_dir, args.classes, args.per_class, args.val_per_class, args.seed),
+        size=(images * IMAGE_BYTES, f"{images:,} images ({counts})"),
     )
 
 
