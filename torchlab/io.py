@@ -133,7 +133,7 @@ def publish_folder(out_dir, write_into, settings):
     return True
 
 
-def report_published(prog, out_dir, write, size=None):
+def report_published(prog, out_dir, write, size):
     """Run write() (which publishes out_dir atomically) and say what it did; a clash, a file where the folder
     would go, or a parent folder this user cannot write in, is one line and exit 2, before write() starts. So is
     a set larger than the space free there: `size` is (its bytes, roughly; what they are, for the message). A
@@ -145,7 +145,7 @@ def report_published(prog, out_dir, write, size=None):
         folder = out_dir if os.path.isdir(out_dir) else os.path.dirname(os.path.abspath(out_dir))
         writable_folder(prog, folder, out_dir)
         free = shutil.disk_usage(folder).free
-        if size is not None and size[0] > free:
+        if size[0] > free:
             exit_with_error(
                 prog,
                 f"{size[1]}: about {size[0] / 1e6:,.0f} MB, more than the {free / 1e6:,.0f} MB free in {folder}; "
