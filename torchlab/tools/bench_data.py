@@ -28,12 +28,12 @@ image_count = parsing.number(int, CLASSES)  # --images: one training image per c
 VAL_SHARE = 0.05  # val/ images per train/ image
 LARGE_SHARE = 0.03  # the share of large photos (1024 px and more on the long side)
 LARGE_LONG_SIDE = (1024, 1400)
-IMAGE_BYTES = 111_000  # a file's size on average, the large photos included: 233 MB for the default 2,100
 LARGE_ASPECT = 3 / 4
 # Ordinary images: uniform sizes whose mean, with the large tail, is ImageNet's ~469 x 387.
 WIDTH_RANGE = (400, 492)
 HEIGHT_RANGE = (340, 402)
 QUALITY_RANGE = (95, 97)
+IMAGE_BYTES = 111_000  # a file's size on average, the large photos included: 233 MB for the default 2,100
 # Pink-noise amplitudes, in 8-bit levels per unit standard deviation. Shapes and shading: strong noise drawn
 # at 1/SHAPE_SCALE of the size and enlarged, cheap to encode, as in photos; texture: weak full-resolution
 # noise, chosen so that the mean file is 110-115 KB at these qualities with 4:4:4 chroma.
