@@ -3,10 +3,14 @@
 # Two ways to make the Python environment, one sequence of layers after it:
 #   ENV_SOURCE=conda (default): Miniconda base + `conda env create` from environment.yml
 #   ENV_SOURCE=pypi:            any Debian base's Python + the same pins from PyPI wheels
+# and two flavours (buildtools/flavours.tsv): FLAVOUR=compat (default, the brief's: Python 3.10, CUDA 11.8)
+# and FLAVOUR=current (Debian 13's Python 3.13, PyPI's newest torch set; the PyPI path alone), each with the
+# pins environment.yml gives it.
 # A CA bundle for TLS-intercepting proxies comes in as a BuildKit secret (id=ca_bundle)
 # and never lands in a layer. See the Makefile for the build command.
 
 ARG ENV_SOURCE=conda
+ARG FLAVOUR=compat
 # Debian 12 (bookworm), the last Miniconda line on it; Python 3.10 comes from environment.yml.
 ARG MINICONDA_IMAGE=continuumio/miniconda3:24.7.1-0
 ARG BASE_IMAGE=python:3.10-slim
@@ -38,6 +42,7 @@ FROM ${BASE_IMAGE} AS env-pypi
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # PyTorch's CUDA 11.8 wheel index; empty means PyPI's default builds.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu118
+ARG FLAVOUR
 # As in env-conda: a lock file from `make export-env` (locks/*.pypi.txt) pins every dependency.
 ARG LOCK_FILE=
 COPY environment.yml buildtools/envspec.py /tmp/torchlab/
@@ -71,13 +76,14 @@ RUN --mount=type=secret,id=ca_bundle \
     --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if [ -f /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
  && export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
- && spec=(/tmp/torchlab/envspec.py) env_file=/tmp/torchlab/environment.yml \
+ && spec=(/tmp/torchlab/envspec.py) env_file=/tmp/torchlab/environment.yml flavour=(--flavour "$FLAVOUR") \
  && lock=(${LOCK_FILE:+--constraint "/tmp/torchlab/$LOCK_FILE"}) \
- && /opt/env/bin/pip install "${lock[@]}" -r <(python3 "${spec[@]}" requirements rest "$env_file") \
+ && /opt/env/bin/pip install "${lock[@]}" -r <(python3 "${spec[@]}" requirements "${flavour[@]}" rest "$env_file") \
  && /opt/env/bin/pip install "${lock[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
-        -r <(python3 "${spec[@]}" requirements torch "$env_file") \
+        -r <(python3 "${spec[@]}" requirements "${flavour[@]}" torch "$env_file") \
  && cuda="$(case "$TORCH_INDEX_URL" in */cu118*) echo 11.8;; esac)" \
- && /opt/env/bin/python "${spec[@]}" check --cuda "$cuda" "$env_file"
+ && /opt/env/bin/python "${spec[@]}" check "${flavour[@]}" --cuda "$cuda" "$env_file" \
+ && /opt/env/bin/pip check
 
 # ---------------------------------------------------------------- the torchlab package
 # A wheel of torchlab/ (pyproject.toml), built with the env's Python; the runtime installs it without
@@ -107,12 +113,13 @@ RUN --mount=type=secret,id=ca_bundle \
 # hadolint ignore=DL3006
 FROM env-${ENV_SOURCE} AS image-facts
 ARG ENV_SOURCE
+ARG FLAVOUR
 ARG VERSION=dev
 ARG LOCK_FILE=
 ARG REVISION=unknown
 ARG SOURCE=unknown
 RUN /opt/env/bin/python -I -c \
-    'import json, os; keys = ("VERSION", "REVISION", "SOURCE", "ENV_SOURCE", "LOCK_FILE"); \
+    'import json, os; keys = ("VERSION", "REVISION", "SOURCE", "FLAVOUR", "ENV_SOURCE", "LOCK_FILE"); \
     json.dump({key.lower(): os.environ.get(key, "") for key in keys}, open("/image.json", "w"))'
 
 # ---------------------------------------------------------------- shared runtime
@@ -120,6 +127,7 @@ RUN /opt/env/bin/python -I -c \
 # hadolint ignore=DL3006
 FROM env-${ENV_SOURCE} AS runtime
 ARG ENV_SOURCE
+ARG FLAVOUR
 # NB_UID and NB_GID are left unset: the entrypoint tells "not given" (adopt /workspace's
 # owner) from a value, and defaults them to 1000 and 100.
 # No user-writable place here: this ENV is also root's (the healthcheck, docker exec). What users
@@ -128,6 +136,7 @@ ARG ENV_SOURCE
 # TORCHLAB_RUNS: image/start/user.sh).
 ENV PATH=/opt/env/bin:$PATH \
     TORCHLAB_ENV_SOURCE=${ENV_SOURCE} \
+    TORCHLAB_FLAVOUR=${FLAVOUR} \
     NB_USER=jovyan \
     LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1
@@ -176,7 +185,7 @@ COPY image/services/sshd_config /etc/ssh/sshd_config
 COPY image/services/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
 COPY image/services/profile.sh /etc/profile.d/torchlab.sh
 COPY image/services/healthcheck.sh /usr/local/bin/torchlab-healthcheck
-COPY environment.yml buildtools/envspec.py /opt/torchlab/
+COPY environment.yml buildtools/envspec.py buildtools/flavours.tsv /opt/torchlab/
 
 # Code last: a code-only change rebuilds from here in seconds. The package goes into the env (the
 # `torchlab` command lands in /opt/env/bin); train.py, in the login directory, is its two-line shim.
@@ -203,12 +212,14 @@ ARG VERSION=dev
 ARG LOCK_FILE=
 ARG REVISION=unknown
 ARG SOURCE=unknown
+ARG FLAVOUR
 LABEL org.opencontainers.image.title="torchlab" \
       org.opencontainers.image.description="PyTorch workstation: Jupyter Notebook on 8888 and OpenSSH on 2222, as a non-root user" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.licenses="BSD-3-Clause AND LicenseRef-NVIDIA-CUDA-EULA" \
+      io.torchlab.flavour="${FLAVOUR}" \
       io.torchlab.env-source="${ENV_SOURCE}" \
       io.torchlab.lock-file="${LOCK_FILE}"
 # The entrypoint starts as root to set up the user, keys and sshd, then drops to NB_USER

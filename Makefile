@@ -1,6 +1,7 @@
 # torchlab: `make help` lists the targets. Variables (override on the command line). "auto": buildtools/detect-build
 # decides, once per make run, and logs each choice in one line ("torchlab build: ..."); any other value wins.
-IMAGE ?= torchlab## image name
+FLAVOUR ?= compat## compat (the brief's: Python 3.10, CUDA 11.8, Maxwell to Hopper) or current (Python 3.13, PyPI's newest torch, CUDA 13, Turing to Blackwell): buildtools/flavours.tsv
+IMAGE ?= torchlab$(if $(filter-out compat,$(FLAVOUR)),-$(FLAVOUR))## image name (torchlab-current for FLAVOUR=current)
 CONTAINER ?= $(subst :,-,$(notdir $(IMAGE)))-$(shell id -un)## name of the `make run` container
 ENV_SOURCE ?= auto## conda (Miniconda + environment.yml), pypi (a Debian base's Python + PyPI wheels); auto: conda where Miniconda and the conda channels can be had
 BASE_IMAGE ?= auto## base of the pypi path (any Debian image); auto: python:3.10-slim where a registry answers, else torchlab/debian:bookworm
@@ -38,19 +39,21 @@ detect = $(shell $(2) buildtools/detect-build $(1))$(if $(filter 0,$(.SHELLSTATU
 DOCKER_CLI = $(eval DOCKER_CLI := $(call detect,docker,DOCKER='$(DOCKER)'))$(DOCKER_CLI)
 CA_BUNDLE_FILE = $(eval CA_BUNDLE_FILE := $(call detect,ca-bundle,CA_BUNDLE='$(CA_BUNDLE)'))$(CA_BUNDLE_FILE)
 BUILD_ENV = $(eval BUILD_ENV := $(call detect,env,DOCKER='$(DOCKER_CLI)' CA_BUNDLE='$(CA_BUNDLE_FILE)' \
-	ENV_SOURCE='$(ENV_SOURCE)' BASE_IMAGE='$(BASE_IMAGE)' TORCH_INDEX_URL='$(TORCH_INDEX_URL)' LOCK='$(LOCK)' \
+	FLAVOUR='$(FLAVOUR)' ENV_SOURCE='$(ENV_SOURCE)' BASE_IMAGE='$(BASE_IMAGE)' TORCH_INDEX_URL='$(TORCH_INDEX_URL)' LOCK='$(LOCK)' \
 	VERSION='$(VERSION)'))$(BUILD_ENV)
 build_setting = $(patsubst $(1)=%,%,$(filter $(1)=%,$(BUILD_ENV)))
 # "build" when the image is absent or older than a file it is built from, else empty.
-IMAGE_BUILD = $(eval IMAGE_BUILD := $(call detect,image,DOCKER='$(DOCKER_CLI)' IMAGE='$(IMAGE)'))$(IMAGE_BUILD)
+IMAGE_BUILD = $(eval IMAGE_BUILD := $(call detect,image,DOCKER='$(DOCKER_CLI)' IMAGE='$(IMAGE)' FLAVOUR='$(FLAVOUR)'))$(IMAGE_BUILD)
+# The flavour's Debian, for make base-debian.
+DEBIAN_SUITE = $(shell awk -F'\t' '$$1 == "$(FLAVOUR)" { print $$4 }' buildtools/flavours.tsv)
 
-BUILD_ARGS = --build-arg ENV_SOURCE=$(call build_setting,ENV_SOURCE) --build-arg BASE_IMAGE=$(call build_setting,BASE_IMAGE) \
+BUILD_ARGS = --build-arg FLAVOUR=$(call build_setting,FLAVOUR) --build-arg ENV_SOURCE=$(call build_setting,ENV_SOURCE) --build-arg BASE_IMAGE=$(call build_setting,BASE_IMAGE) \
 	--build-arg TORCH_INDEX_URL=$(call build_setting,TORCH_INDEX_URL) \
 	$(if $(CA_BUNDLE_FILE),--secret id=ca_bundle$(,)src=$(CA_BUNDLE_FILE)) --build-arg LOCK_FILE=$(call build_setting,LOCK) \
 	--build-arg VERSION=$(VERSION) --build-arg REVISION=$(shell git rev-parse HEAD 2>/dev/null || echo unknown) \
 	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null || echo unknown)
 # `make stop` with the variables of this command line that name the container.
-STOP_COMMAND = $(strip make stop $(foreach v,IMAGE CONTAINER DOCKER,$(if $(filter command line,$(origin $(v))),$(v)=$($(v)))))
+STOP_COMMAND = $(strip make stop $(foreach v,FLAVOUR IMAGE CONTAINER DOCKER,$(if $(filter command line,$(origin $(v))),$(v)=$($(v)))))
 # A sub-make for what has to be built first, given what this run has resolved.
 SUB_MAKE = $(MAKE) --no-print-directory DOCKER=$(DOCKER_CLI) CA_BUNDLE=$(CA_BUNDLE_FILE)
 
@@ -64,15 +67,16 @@ help: ## show this help
 	@echo "Variables:"
 	@grep -E '^[A-Z_]+ \?=.*## ' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?= ?(.*)## (.*)/  \1|[\2]|\3/' | column -t -s'|'
 
-build: ## build the image (ENV_SOURCE=auto, conda or pypi)
+build: ## build the image of FLAVOUR (ENV_SOURCE=auto, conda or pypi)
 	+@$(if $(call build_setting,BUILD_FIRST),$(SUB_MAKE) base-debian)
 	DOCKER_BUILDKIT=1 $(DOCKER_CLI) build $(BUILD_ARGS) -t $(IMAGE) .
 
-base-debian: ## build torchlab/debian:bookworm from Debian's packages alone (no registry needed)
-	rm -rf .cache/bookworm && mkdir -p .cache
-	debootstrap --variant=minbase bookworm .cache/bookworm http://deb.debian.org/debian
-	tar -C .cache/bookworm -c . | $(DOCKER_CLI) import - torchlab/debian:bookworm
-	rm -rf .cache/bookworm
+base-debian: ## build torchlab/debian:<FLAVOUR's Debian: bookworm or trixie> from Debian's packages alone (no registry needed)
+	@[ -n "$(DEBIAN_SUITE)" ] || { echo "make base-debian: FLAVOUR=$(FLAVOUR) is not in buildtools/flavours.tsv" >&2; exit 2; }
+	rm -rf .cache/$(DEBIAN_SUITE) && mkdir -p .cache
+	debootstrap --variant=minbase $(DEBIAN_SUITE) .cache/$(DEBIAN_SUITE) http://deb.debian.org/debian
+	tar -C .cache/$(DEBIAN_SUITE) -c . | $(DOCKER_CLI) import - torchlab/debian:$(DEBIAN_SUITE)
+	rm -rf .cache/$(DEBIAN_SUITE)
 
 $(VENV)/.done: tests/requirements.txt
 	python3 -m venv $(VENV)

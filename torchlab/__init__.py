@@ -1,12 +1,13 @@
 """torchlab: train torchvision classifiers from a mounted ImageFolder with a loader near the machine's limit.
 
 Layers, bottom first, each importing only its own and those below it (tests/static/test_layers.py holds them):
-io, parsing, machine -> data, pipeline, model, optim, distributed, checkpoint, metrics, environment -> config
+io, parsing, machine, flavour -> data, pipeline, model, optim, distributed, checkpoint, metrics, environment -> config
 -> resolve, train -> tools -> cli.
 
 io.py               atomic writes; bad input as one line and exit 2
 parsing.py          argument types that check a flag's text, the parser whose errors are one line
 machine.py          the usable CPUs (affinity, cgroup quota) and /dev/shm, read once as a Machine
+flavour.py          the image's flavours (buildtools/flavours.tsv) and whether this torch runs on the GPUs seen
 data/               folder (the ImageFolder index), decode (crop, resize, ImageDataset), prepared (the packed
                     copy), splits (open either)
 pipeline/           plan (the loader plan: flags, autotune's setting, machine, data -> what the loader does; the

@@ -195,6 +195,7 @@ def test_air_gapped_with_the_debian_base_builds_pypi_from_it_with_the_release_lo
 
     assert rc == 0
     assert settings(out) == {
+        "FLAVOUR": "compat",
         "ENV_SOURCE": "pypi",
         "BASE_IMAGE": DEBIAN_BASE,
         "TORCH_INDEX_URL": "",
@@ -235,6 +236,7 @@ def test_miniconda_here_and_channels_answering_builds_conda(host, answering_url)
 
     assert rc == 0
     assert settings(out) | {"BASE_IMAGE": "-"} == {
+        "FLAVOUR": "compat",
         "ENV_SOURCE": "conda",
         "BASE_IMAGE": "-",
         "TORCH_INDEX_URL": "",
@@ -262,7 +264,13 @@ def test_a_registry_and_the_torch_index_answering_build_the_python_base_with_cu1
     )
 
     assert rc == 0
-    expected = {"ENV_SOURCE": "pypi", "BASE_IMAGE": "python:3.10-slim", "TORCH_INDEX_URL": index, "LOCK": ""}
+    expected = {
+        "FLAVOUR": "compat",
+        "ENV_SOURCE": "pypi",
+        "BASE_IMAGE": "python:3.10-slim",
+        "TORCH_INDEX_URL": index,
+        "LOCK": "",
+    }
     assert settings(out) == expected
     assert logs[0].startswith("ENV_SOURCE=pypi: the conda channels do not answer")
     assert logs[-1].endswith(f"(locks/py310-cu118-{VERSION}.pypi.txt)")
@@ -275,7 +283,13 @@ def test_given_values_win_and_log_nothing(host):
     rc, out, logs = host.run("env", DOCKER=docker, **given)
 
     assert (rc, logs) == (0, [])
-    assert settings(out) == {"ENV_SOURCE": "pypi", "BASE_IMAGE": "debian:12", "TORCH_INDEX_URL": "", "LOCK": ""}
+    assert settings(out) == {
+        "FLAVOUR": "compat",
+        "ENV_SOURCE": "pypi",
+        "BASE_IMAGE": "debian:12",
+        "TORCH_INDEX_URL": "",
+        "LOCK": "",
+    }
 
 
 @pytest.mark.parametrize(
@@ -291,6 +305,71 @@ def test_bad_values_get_one_line(host, given, line):
     rc, out, logs = host.run("env", DOCKER=docker, **(AUTO | {"ENV_SOURCE": "pypi"} | given))
 
     assert (rc, out, logs[-1:]) == (2, [], [line])
+
+
+# ---------------------------------------------------------------- flavours
+
+
+def test_air_gapped_current_flavour_builds_pypi_on_trixie_made_first_with_pypis_torch(host):
+    """FLAVOUR=current: PyPI alone (no conda probe), Debian 13 made by debootstrap where no registry answers, PyPI's
+    torch (no index probed), and its own lock file's name."""
+    docker = host.docker(images={MINICONDA: "2026-01-01T00:00:00Z"})
+    host.debootstrap()
+
+    rc, out, logs = host.run("env", DOCKER=docker, FLAVOUR="current", **AUTO)
+
+    assert rc == 0, logs
+    assert settings(out) == {
+        "FLAVOUR": "current",
+        "ENV_SOURCE": "pypi",
+        "BASE_IMAGE": "torchlab/debian:trixie",
+        "TORCH_INDEX_URL": "",
+        "LOCK": "",
+        "BUILD_FIRST": "base-debian",
+    }
+    assert logs[0] == "ENV_SOURCE=pypi: the current flavour is built from PyPI alone"
+    assert logs[2] == "TORCH_INDEX_URL= (PyPI's default torch build): the current flavour's torch comes from PyPI"
+    assert (
+        logs[3] == f"LOCK= (environment.yml's pins): no lock file for this build (locks/py313-cu132-{VERSION}.pypi.txt)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"FLAVOUR": "newest"}, "FLAVOUR=newest: expected compat or current (buildtools/flavours.tsv)"),
+        (
+            {"FLAVOUR": "current", "ENV_SOURCE": "conda"},
+            "ENV_SOURCE=conda: the current flavour is built with ENV_SOURCE=pypi",
+        ),
+    ],
+)
+def test_a_flavour_that_cannot_be_built_so_is_refused_in_one_line(host, given, message):
+    docker = host.docker(images={DEBIAN_BASE: "2026-01-01T00:00:00Z"})
+
+    rc, out, logs = host.run("env", DOCKER=docker, **(AUTO | given))
+
+    assert (rc, out, logs) == (2, [], [message])
+
+
+def test_an_image_of_another_flavour_is_rebuilt(host):
+    docker = host.docker(images={"torchlab-test": "2999-01-01T00:00:00Z current"})
+
+    assert host.run("image", DOCKER=docker, IMAGE="torchlab-test", FLAVOUR="current")[1] == []
+    rc, out, logs = host.run("image", DOCKER=docker, IMAGE="torchlab-test", FLAVOUR="compat")
+    assert (rc, out, logs) == (0, ["build"], ["image torchlab-test is the current flavour, not compat: rebuilding it"])
+
+
+@pytest.mark.parametrize(("flavour", "image"), [(None, "torchlab"), ("current", "torchlab-current")])
+def test_make_builds_each_flavour_under_its_own_name(host, flavour, image):
+    """A plain make builds the brief's flavour as torchlab; FLAVOUR=current builds torchlab-current beside it, so a
+    later plain `make run` or `make test` still finds the brief's."""
+    bases = {"torchlab/debian:bookworm": "2026-01-01T00:00:00Z", "torchlab/debian:trixie": "2026-01-01T00:00:00Z"}
+    result = make_dry_run(host, "build", bases, *([f"FLAVOUR={flavour}"] if flavour else []), image=None)
+
+    assert result.returncode == 0, result.stderr
+    (build,) = [line for line in result.stdout.splitlines() if " build " in line]
+    assert build.endswith(f" -t {image} .") and f"--build-arg FLAVOUR={flavour or 'compat'} " in build
 
 
 # ---------------------------------------------------------------- image
@@ -314,7 +393,7 @@ def test_the_image_is_built_when_absent_or_older_than_its_sources(host, created,
 # ---------------------------------------------------------------- make
 
 
-def make_dry_run(host, target, images, *variables):
+def make_dry_run(host, target, images, *variables, image="torchlab-test"):
     host.docker(buildx="yes", images=images)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
     env |= {
@@ -324,7 +403,7 @@ def make_dry_run(host, target, images, *variables):
         "TORCHLAB_PROBE_TORCH_INDEX": closed_url() + "whl/cu118",
     }
     return subprocess.run(
-        ["make", "-n", target, "IMAGE=torchlab-test", "CA_BUNDLE=", *variables],
+        ["make", "-n", target, *([f"IMAGE={image}"] if image else []), "CA_BUNDLE=", *variables],
         cwd=ROOT,
         env=env,
         capture_output=True,

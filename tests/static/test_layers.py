@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "torchlab"
 # Bottom first: the foundations, the core mechanisms, train.py's flags, the run, the commands, the command table.
 LAYERS = [
-    {"io", "parsing", "machine"},
+    {"io", "parsing", "machine", "flavour"},
     {"data", "pipeline", "model", "optim", "distributed", "checkpoint", "metrics", "environment"},
     {"config"},
     {"resolve", "train"},

@@ -50,22 +50,51 @@ def test_channels_avoid_anaconda_defaults():
     assert names == ["pytorch", "nvidia", "conda-forge", "nodefaults"]
 
 
-def test_pypi_requirements_are_the_same_pins():
-    def requirements(group):
-        out = subprocess.run(
-            [sys.executable, str(ROOT / "buildtools/envspec.py"), "requirements", group, str(ENVIRONMENT)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        return dict(line.split("==") for line in out.split())
+def requirements(group, *flavour):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "buildtools/envspec.py"), "requirements", *flavour, group, str(ENVIRONMENT)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(line.split("==") for line in out.split())
 
+
+def test_pypi_requirements_are_the_same_pins():
     torch, rest = requirements("torch"), requirements("rest")
     assert torch == {"torch": "2.5.1", "torchvision": "0.20.1", "torchaudio": "2.5.1"}
     pins = envspec.conda_pins(ENVIRONMENT)
     for name in set(pins) - envspec.CONDA_ONLY - {"pytorch", "torchvision", "torchaudio"}:
         assert rest[name] == pins[name]
     assert not set(rest) & {"python", "pytorch-cuda", "mkl", "pytorch"}
+
+
+def flavour_table():
+    lines = [line for line in (ROOT / "buildtools/flavours.tsv").read_text().splitlines() if not line.startswith("#")]
+    header, *rows = (line.split("\t") for line in lines)
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def test_the_current_flavour_takes_its_own_pins_and_the_rest_as_written():
+    torch, rest = requirements("torch", "--flavour", "current"), requirements("rest", "--flavour", "current")
+    assert torch == {"torch": "2.15.0", "torchvision": "0.29.2", "torchaudio": "2.11.1"}
+    assert (rest["numpy"], rest["scikit-image"]) == ("2.2.6", "0.25.2")
+    assert rest["notebook"] == requirements("rest")["notebook"]
+    assert envspec.conda_pins(ENVIRONMENT, "current")["python"] == "3.13"
+
+
+def test_every_flavour_default_is_the_tables_first_row():
+    """The flavour table is the one list: its first row is the default of make, the Dockerfile and envspec, the
+    brief's base is the Dockerfile's, and environment.yml's notes name only its flavours."""
+    table = flavour_table()
+    default = table[0]["flavour"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^FLAVOUR \?= (\w+)##", makefile, re.M).group(1) == default
+    assert re.search(r"^ARG FLAVOUR=(\w+)$", DOCKERFILE, re.M).group(1) == default
+    assert default == envspec.DEFAULT_FLAVOUR
+    assert re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE, re.M).group(1) == table[0]["base"]
+    noted = set(re.findall(r"\[(\w+)=", ENVIRONMENT.read_text().split("dependencies:", 1)[1]))
+    assert noted and noted <= {row["flavour"] for row in table[1:]}
 
 
 def test_production_path_uses_a_pinned_bookworm_miniconda_and_asserts_cuda_11_8():
@@ -112,16 +141,28 @@ def test_this_release_has_a_lock_file():
     assert release_locks(), "no locks/<python>-<cuda>-<VERSION>.* file: run `make export-env` and commit it"
 
 
+def lock_flavour(lock):
+    """The flavour a lock file is of, by its CUDA: py311-cu124-... is the brief's torch from PyPI."""
+    cuda = re.match(r"py\d+-cu(\d+)-", lock.name).group(1)
+    (flavour,) = [
+        row["flavour"]
+        for row in flavour_table()
+        if cuda in {row["cuda"].replace(".", ""), row["pypi_cuda"].replace(".", "")}
+    ]
+    return flavour
+
+
 @pytest.mark.parametrize("lock", release_locks(), ids=lambda path: path.name)
 def test_release_lock_holds_every_pin_of_environment_yml(lock):
+    flavour = lock_flavour(lock)
     if lock.suffixes[-2:] == [".conda", ".yml"]:
         locked = envspec.conda_pins(lock)
-        wanted = envspec.conda_pins(ENVIRONMENT)
+        wanted = envspec.conda_pins(ENVIRONMENT, flavour)
     else:
         lines = [line for line in lock.read_text().splitlines() if line.strip()]
         assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==\S+", line) for line in lines), "expected name==version lines"
         locked = {canonical(name): version.split("+")[0] for name, version in (line.split("==") for line in lines)}
-        wanted = {canonical(name): version for name, version in envspec.pypi_pins(ENVIRONMENT).items()}
+        wanted = {canonical(name): version for name, version in envspec.pypi_pins(ENVIRONMENT, flavour).items()}
     stale = {name: (version, locked.get(name)) for name, version in wanted.items() if locked.get(name) != version}
     assert not stale, f"{lock.name} disagrees with environment.yml (pin, lock): {stale}; rerun make export-env"
 

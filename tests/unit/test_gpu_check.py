@@ -51,6 +51,9 @@ def test_the_dry_run_reports_every_figure(tmp_path):
     # It names the CPU path's decoder: the region decoder where the package was built with it, as in the image.
     assert report["cpu_decoder"] == ("region decoder (torchlab_jpeg)" if decode.torchlab_jpeg else "Pillow")
     assert report["versions"]["torch"] == torch.__version__
+    # The doctor's flavour row: this torch's build against the GPUs it sees (none here).
+    assert report["flavour"]["name"] == "flavour" and "no GPU seen to check against" in report["flavour"]["detail"]
+    assert f"  flavour ({report['flavour']['status']}): " in result.stdout
     assert "GPU vs CPU crops: PSNR min" in result.stdout and "the CPU (dry run)" in result.stdout
 
 

@@ -5,6 +5,7 @@ calls run_checks() and gets a Report: a list of Check rows that shows itself as 
 The defaults of --data, --workers, --batch-size, --prefetch-factor, --image-size and --run-dir are train.py's.
 """
 
+import ctypes
 import dataclasses
 import html
 import json
@@ -23,7 +24,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from torchlab import config, environment, io, machine, parsing, resolve
+from torchlab import config, environment, flavour, io, machine, parsing, resolve
 from torchlab.data import folder, splits
 from torchlab.pipeline import plan
 
@@ -266,6 +267,66 @@ def check_gpu(index, driver):
         fix = "other processes hold its memory: nvidia-smi on the host lists them"
         return Check(name, WARN, detail, fix=fix, facts=facts)
     return Check(name, OK, detail, facts=facts)
+
+
+def driver_cuda_version():
+    """The newest CUDA the NVIDIA driver supports, as (major, minor), from its library (no device needed, and
+    torch's CUDA need not start); None where there is no driver."""
+    try:
+        version = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return (version.value // 1000, version.value % 1000 // 10)  # 12040 is 12.4
+
+
+def gpu_capabilities():
+    """Each visible GPU's compute capability: torch's, or nvidia-smi's where this torch's CUDA cannot start."""
+    if torch.cuda.is_available():
+        return [torch.cuda.get_device_capability(index) for index in range(torch.cuda.device_count())]
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+        return [flavour.version_pair(line) for line in result.stdout.split()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+
+
+def check_flavour(flavours_file=flavour.FLAVOURS_FILE):
+    """The image's flavour, and whether its torch runs on the GPUs and driver it sees; where not, the flavour to
+    use instead, in one line."""
+    name = flavour.this_flavour(environment.image())
+    if torch.version.cuda is None:
+        return Check("flavour", OK, f"{name}: a CPU-only torch", facts={"flavour": name})
+    arch_flags = torch._C._cuda_getArchFlags()
+    capabilities, driver_cuda = gpu_capabilities(), driver_cuda_version()
+    problems, notes, fix = flavour.fit(
+        capabilities,
+        arch_flags,
+        flavour.version_pair(torch.version.cuda),
+        driver_cuda,
+        flavour.read_flavours(flavours_file),
+        name,
+    )
+    facts = {"flavour": name, "arch_flags": arch_flags, "capabilities": capabilities, "driver_cuda": driver_cuda}
+    detail = f"{name}: torch {torch.__version__} for CUDA {torch.version.cuda}, built for {arch_flags}"
+    if not capabilities:
+        detail += "; no GPU seen to check against"
+    else:
+        seen = ", ".join(f"{major}.{minor}" for major, minor in capabilities)
+        driver = "unknown" if driver_cuda is None else "{}.{}".format(*driver_cuda)
+        detail += f"; GPUs of compute {seen}, driver's CUDA {driver}"
+    if problems:
+        return Check("flavour", FAIL, f"{detail}: {'; '.join(problems)}", fix=fix, facts=facts)
+    if notes:
+        return Check("flavour", WARN, f"{detail}: {'; '.join(notes)}", fix=fix, facts=facts)
+    return Check("flavour", OK, detail, facts=facts)
 
 
 def check_gpus():
@@ -582,6 +643,7 @@ def checks_for(flags, processes=1):
     """Every check for train.py's `flags` (a TrainConfig), with `processes` training processes on the machine."""
     report = Report([check_python(), check_torch(), check_package("torchvision"), check_package("torchaudio")])
     report.append(check_user_packages())
+    report.append(check_flavour())
     report.extend(check_gpus())
     data_check, train_index = indexed_data_check(flags.data, flags.batch_size, flags.val_fraction, flags.seed)
     report.append(data_check)

@@ -17,6 +17,7 @@ A table on stdout and OUT_DIR/gpu_check.json. --device cpu is a dry run of the s
 "gpu" decoder then runs torchvision's CPU decoder): it checks the script, not a GPU.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -34,7 +35,7 @@ from torchvision.io import decode_jpeg
 from torchlab import config, distributed, io, machine, model, parsing, resolve, train
 from torchlab.data import decode, prepared, splits
 from torchlab.pipeline import device_decode, gil, loader
-from torchlab.tools import bench, bench_data
+from torchlab.tools import bench, bench_data, doctor
 
 DECODERS = ("cpu", "gpu")
 BACKENDS = ("threads", "processes")
@@ -243,8 +244,11 @@ def report_lines(report):
     versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
     lines = [
         f"gpu-check on {report['device_name']} ({report['usable_cpus']} usable CPUs), {report['images']} images; "
-        f"{versions}; CPU path decodes with {report['cpu_decoder']}"
+        f"{versions}; CPU path decodes with {report['cpu_decoder']}",
+        f"  flavour ({report['flavour']['status']}): {report['flavour']['detail']}",
     ]
+    if report["flavour"]["fix"]:
+        lines.append(f"    fix: {report['flavour']['fix']}")
     lines += [f"  {name:<28} {rate:>9.0f} images/s" for name, rate in report["decode"].items()]
     for name, rates in report["scaling"].items():
         counts = ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items())
@@ -317,6 +321,7 @@ def main(argv=None, prog="torchlab gpu-check"):
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU (dry run)",
         "usable_cpus": machine.usable_cpu_count(),
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__},
+        "flavour": dataclasses.asdict(doctor.check_flavour()),
         "cpu_decoder": "region decoder (torchlab_jpeg)" if decode.torchlab_jpeg is not None else "Pillow",
         "images": args.images,
         "arch": args.arch,
