@@ -59,7 +59,7 @@ SUB_MAKE = $(MAKE) --no-print-directory DOCKER=$(DOCKER_CLI) CA_BUNDLE=$(CA_BUND
 
 .DEFAULT_GOAL := help
 .PHONY: help build base-debian image run stop compose-up compose-down multinode bench gpu-check tag push shell test test-static test-unit \
-	test-image lint export-env clean
+	test-image test-smoke lint export-env clean
 
 help: ## show this help
 	@echo "Targets:"
@@ -185,6 +185,12 @@ test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside t
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
 	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) \
 		timeout -s INT -k 120 $(IMAGE_TIMEOUT) $(VENV)/bin/pytest -s tests/image $(call junit,image)
+
+# What the image's contents, an ssh login and a Jupyter kernel need: .ci/run's check of the flavours it does not test in full.
+SMOKE_TESTS := tests/image/test_container.py tests/image/test_ssh.py tests/image/test_jupyter.py
+test-smoke: $(VENV)/.done ## a few of test-image's files: the image's contents, SSH, Jupyter (a few minutes)
+	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) \
+		timeout -s INT -k 120 $(IMAGE_TIMEOUT) $(VENV)/bin/pytest -s $(SMOKE_TESTS) $(call junit,smoke-$(FLAVOUR))
 
 export-env: ## write the built env (less torchlab itself) to LOCK_DIR/<what is inside>-<VERSION>.{conda.yml,pypi.txt}; commit it per release
 	@set -o pipefail; tag=$$($(INSIDE))-$(VERSION) && mkdir -p $(LOCK_DIR) && \

@@ -57,6 +57,14 @@ def production_image():
         pytest.skip(f"needs the production image (ENV_SOURCE=conda); this one was built with ENV_SOURCE={source}")
 
 
+@pytest.fixture(scope="session")
+def current_flavour():
+    """Skip a test that only the current flavour (FLAVOUR=current) can pass."""
+    flavour = image_env().get("TORCHLAB_FLAVOUR")
+    if flavour != "current":
+        pytest.skip(f"needs the current flavour (make build FLAVOUR=current); this image is the {flavour} flavour")
+
+
 @pytest.fixture
 def browser_page(tmp_path):
     """A headless Chromium with a fresh profile (helpers.browser); yields its one tab. Skips without Chromium."""

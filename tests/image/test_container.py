@@ -65,9 +65,10 @@ def test_env_is_first_on_path_for_docker_exec(host):
     assert host.check_output("command -v jupyter") == "/opt/env/bin/jupyter"
 
 
-def test_env_has_the_pinned_torch_stack(host):
-    out = host.check_output("python /opt/torchlab/envspec.py check /opt/torchlab/environment.yml && echo pins-ok")
-    assert out.endswith("pins-ok")
+def test_env_has_the_pinned_torch_stack_of_its_flavour_and_pip_agrees(host):
+    spec = "/opt/torchlab/envspec.py check --flavour $TORCHLAB_FLAVOUR /opt/torchlab/environment.yml"
+    assert host.check_output(f"python {spec} && echo pins-ok").endswith("pins-ok")
+    assert host.run("pip check").rc == 0
 
 
 def test_no_host_keys_baked_into_the_image():
@@ -93,6 +94,17 @@ def test_production_torch_is_the_cuda_11_8_build(host, production_image):
     assert host.check_output("python -c 'import torch; print(torch.version.cuda)'") == "11.8"
 
 
+def test_the_current_flavour_is_python_3_13_with_blackwell_kernels(host, current_flavour):
+    """Debian 13's Python; a torch for CUDA 12.8 or newer whose build lists Blackwell's kernels (no GPU needed)."""
+    assert host.check_output("python -c 'import sys; print(*sys.version_info[:2], sep=\".\")'") == "3.13"
+    assert host.check_output(". /etc/os-release && echo $VERSION_CODENAME") == "trixie"
+    cuda, flags = host.check_output(
+        "python -c 'import torch; print(torch.version.cuda); print(torch._C._cuda_getArchFlags())'"
+    ).splitlines()
+    assert tuple(map(int, cuda.split("."))) >= (12, 8)
+    assert {"sm_100", "sm_120"} & set(flags.split()), flags
+
+
 def test_oci_labels_say_what_and_which_revision():
     labels = json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}", IMAGE).stdout)
     assert labels["org.opencontainers.image.title"] == "torchlab"
@@ -100,6 +112,7 @@ def test_oci_labels_say_what_and_which_revision():
         assert labels[f"org.opencontainers.image.{key}"], key
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", labels["org.opencontainers.image.revision"])
     assert labels["io.torchlab.env-source"] == image_env()["TORCHLAB_ENV_SOURCE"]
+    assert labels["io.torchlab.flavour"] == image_env()["TORCHLAB_FLAVOUR"] in {"compat", "current"}
 
 
 def test_the_labels_are_readable_inside_for_the_environment_record(host):
@@ -109,6 +122,7 @@ def test_the_labels_are_readable_inside_for_the_environment_record(host):
     for key in ["version", "revision", "source"]:
         assert inside[key] == labels[f"org.opencontainers.image.{key}"], key
     assert inside["env_source"] == labels["io.torchlab.env-source"]
+    assert inside["flavour"] == labels["io.torchlab.flavour"]
     assert inside["lock_file"] == labels["io.torchlab.lock-file"]
 
 

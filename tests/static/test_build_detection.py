@@ -312,7 +312,7 @@ def test_bad_values_get_one_line(host, given, line):
 
 def test_air_gapped_current_flavour_builds_pypi_on_trixie_made_first_with_pypis_torch(host):
     """FLAVOUR=current: PyPI alone (no conda probe), Debian 13 made by debootstrap where no registry answers, PyPI's
-    torch (no index probed), and its own lock file's name."""
+    torch (no index probed), and its own lock file."""
     docker = host.docker(images={MINICONDA: "2026-01-01T00:00:00Z"})
     host.debootstrap()
 
@@ -324,14 +324,12 @@ def test_air_gapped_current_flavour_builds_pypi_on_trixie_made_first_with_pypis_
         "ENV_SOURCE": "pypi",
         "BASE_IMAGE": "torchlab/debian:trixie",
         "TORCH_INDEX_URL": "",
-        "LOCK": "",
+        "LOCK": f"locks/py313-cu132-{VERSION}.pypi.txt",
         "BUILD_FIRST": "base-debian",
     }
     assert logs[0] == "ENV_SOURCE=pypi: the current flavour is built from PyPI alone"
     assert logs[2] == "TORCH_INDEX_URL= (PyPI's default torch build): the current flavour's torch comes from PyPI"
-    assert (
-        logs[3] == f"LOCK= (environment.yml's pins): no lock file for this build (locks/py313-cu132-{VERSION}.pypi.txt)"
-    )
+    assert logs[3].startswith(f"LOCK=locks/py313-cu132-{VERSION}.pypi.txt: the release lock for this build")
 
 
 @pytest.mark.parametrize(

@@ -84,21 +84,37 @@ def env_sources():
     return set(re.findall(r"^FROM \S+ AS env-(\w+)$", (ROOT / "Dockerfile").read_text(), flags=re.M))
 
 
-def matrix_problems(ci, sources):
+def flavours():
+    """{flavour: the env sources it can be built with}, from buildtools/flavours.tsv."""
+    lines = (ROOT / "buildtools/flavours.tsv").read_text().splitlines()
+    rows = [line.split("\t") for line in lines if not line.startswith(("#", "flavour\t"))]
+    return {row[0]: set(row[1].split()) for row in rows}
+
+
+def matrix_problems(ci, table):
     test = ci["jobs"]["test"]
     problems = []
-    if set(test["strategy"]["matrix"]["env_source"]) != sources:
-        problems.append(f"the matrix's env_source is {test['strategy']['matrix']['env_source']}, not {sorted(sources)}")
-    if test["env"].get("ENV_SOURCE") != "${{ matrix.env_source }}":
-        problems.append("the job does not give make ENV_SOURCE from the matrix")
+    entries = test["strategy"]["matrix"]["include"]
+    if sorted(entry["flavour"] for entry in entries) != sorted(table):
+        problems.append(f"the matrix's flavours are {[entry['flavour'] for entry in entries]}, not {sorted(table)}")
+    for entry in entries:
+        if entry["env_source"] not in table.get(entry["flavour"], ()):
+            problems.append(f"the {entry['flavour']} flavour cannot be built with ENV_SOURCE={entry['env_source']}")
+    if "conda" not in {entry["env_source"] for entry in entries}:
+        problems.append("no entry builds the production image (ENV_SOURCE=conda)")
+    for variable, key in (("FLAVOUR", "flavour"), ("ENV_SOURCE", "env_source")):
+        if test["env"].get(variable) != f"${{{{ matrix.{key} }}}}":
+            problems.append(f"the job does not give make {variable} from the matrix")
+    if test["env"].get("TORCHLAB_CI_OTHER_FLAVOURS") != "":
+        problems.append("each job builds the other flavours too")
     if not any(re.search(r"\bbash \.ci/run$", step.get("run", "")) for step in test["steps"]):
         problems.append("no step runs .ci/run")
     return problems
 
 
-def test_the_ci_matrix_builds_every_env_source_with_ci_run():
-    assert env_sources() == {"conda", "pypi"}
-    assert matrix_problems(load("ci.yml"), env_sources()) == []
+def test_the_ci_matrix_tests_every_flavour_in_a_job_of_its_own_with_ci_run():
+    assert env_sources() == {"conda", "pypi"} and set(flavours()) == {"compat", "current"}
+    assert matrix_problems(load("ci.yml"), flavours()) == []
 
 
 def test_ci_uploads_the_reports_make_writes():
@@ -111,8 +127,14 @@ def test_ci_uploads_the_reports_make_writes():
 
 def test_a_dropped_matrix_entry_is_caught():
     ci = load("ci.yml")
-    ci["jobs"]["test"]["strategy"]["matrix"]["env_source"].remove("pypi")
-    assert matrix_problems(ci, env_sources()) == ["the matrix's env_source is ['conda'], not ['conda', 'pypi']"]
+    ci["jobs"]["test"]["strategy"]["matrix"]["include"].pop()
+    assert matrix_problems(ci, flavours()) == ["the matrix's flavours are ['compat'], not ['compat', 'current']"]
+
+
+def test_a_flavour_built_the_wrong_way_is_caught():
+    ci = load("ci.yml")
+    ci["jobs"]["test"]["strategy"]["matrix"]["include"][1]["env_source"] = "conda"
+    assert matrix_problems(ci, flavours()) == ["the current flavour cannot be built with ENV_SOURCE=conda"]
 
 
 # ---------------------------------------------------------------- the release
@@ -295,6 +317,8 @@ def test_gpu_check_runs_by_hand_on_a_gpu_runner_and_uploads_the_tables():
     assert set(triggers(workflow)) == {"workflow_dispatch"}
     assert job["runs-on"] == ["self-hosted", "gpu"]
     assert set(triggers(workflow)["workflow_dispatch"]["inputs"]["env_source"]["options"]) == {"auto"} | env_sources()
+    assert triggers(workflow)["workflow_dispatch"]["inputs"]["flavour"]["options"] == list(flavours())
+    assert job["env"]["FLAVOUR"] == "${{ inputs.flavour }}"
     upload = next(s for s in job["steps"] if "upload-artifact" in s.get("uses", ""))
     assert upload["with"]["path"] == ".cache/gpu-check/results/"
     assert "$(CURDIR)/.cache/gpu-check:/cache" in MAKEFILE and "--out-dir /cache/results" in MAKEFILE

@@ -10,9 +10,11 @@ from torchlab.tools import doctor
 
 TABLE = str(ROOT / "buildtools/flavours.tsv")
 FLAVOURS = flavour.read_flavours(TABLE)
-# What torch._C._cuda_getArchFlags() says of each flavour's torch (2.5.1 with CUDA 11.8; 2.15.0 with CUDA 13.2).
-COMPAT_FLAGS = "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90 compute_90"
-CURRENT_FLAGS = "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 compute_120"
+# What torch._C._cuda_getArchFlags() says, seen here, of each flavour's torch: 2.5.1 (PyPI's, CUDA 12.4) and
+# 2.15.0 (CUDA 13.2). Neither ships PTX; PTX_FLAGS is a build that does.
+COMPAT_FLAGS = "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90"
+CURRENT_FLAGS = "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"
+PTX_FLAGS = "sm_80 sm_90 compute_90"
 
 
 def test_the_table_holds_both_flavours_with_their_ranges():
@@ -32,7 +34,8 @@ def test_arch_flags_parse_into_kernels_and_ptx():
     [
         ((9, 0), COMPAT_FLAGS, "kernels"),
         ((8, 9), COMPAT_FLAGS, "kernels"),  # an RTX 40 runs sm_86's kernels
-        ((10, 0), COMPAT_FLAGS, "ptx"),  # a B200 on CUDA 11.8's build: compute_90 compiled at first use
+        ((10, 0), PTX_FLAGS, "ptx"),  # a B200: compute_90 compiled at first use
+        ((10, 0), COMPAT_FLAGS, None),
         ((12, 0), CURRENT_FLAGS, "kernels"),
         ((7, 0), CURRENT_FLAGS, None),  # a V100: CUDA 13 has no Volta
         ((6, 1), "sm_80 sm_90", None),
@@ -76,7 +79,7 @@ def test_a_gpu_no_flavour_has_kernels_for_says_so():
 
 
 def test_a_device_that_only_runs_ptx_is_a_note_with_the_better_flavour():
-    problems, notes, fix = flavour.fit([(10, 0)], COMPAT_FLAGS, (11, 8), (13, 0), FLAVOURS, "compat")
+    problems, notes, fix = flavour.fit([(10, 0)], PTX_FLAGS, (11, 8), (13, 0), FLAVOURS, "compat")
     assert problems == [] and notes == ["gpu 0 (sm_100) runs PTX compiled at first use (slow start)"]
     assert "FLAVOUR=current" in fix
 
@@ -89,7 +92,7 @@ def test_the_doctor_row_names_the_flavour_and_checks_what_torch_sees(monkeypatch
     """The doctor's row, with torch's answers replaced by an H100-less host's: an RTX 5090 and a 12.8 driver."""
     monkeypatch.setattr(doctor.environment, "image", lambda: {"flavour": "compat"})
     monkeypatch.setattr(doctor.torch.version, "cuda", "11.8")
-    monkeypatch.setattr(doctor.torch._C, "_cuda_getArchFlags", lambda: COMPAT_FLAGS.replace(" compute_90", ""))
+    monkeypatch.setattr(doctor.torch._C, "_cuda_getArchFlags", lambda: COMPAT_FLAGS)
     monkeypatch.setattr(doctor, "driver_cuda_version", lambda: (12, 8))
     monkeypatch.setattr(doctor, "gpu_capabilities", lambda: [(12, 0)])
     check = doctor.check_flavour(TABLE)
