@@ -54,6 +54,13 @@ BUILD_ARGS = --build-arg FLAVOUR=$(call build_setting,FLAVOUR) --build-arg ENV_S
 	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null || echo unknown)
 # `make stop` with the variables of this command line that name the container.
 STOP_COMMAND = $(strip make stop $(foreach v,FLAVOUR IMAGE CONTAINER DOCKER,$(if $(filter command line,$(origin $(v))),$(v)=$($(v)))))
+# pytest with $(2) in a container of the image ($(1): docker options) on this folder's sources, copied in rather than
+# mounted: where Docker is reached through a mounted socket (a CI job container, a dev container) the engine's host
+# has no such path. The copy is what a checkout holds: no .git, .venv or .cache.
+in_image_with_sources = id=$$($(DOCKER_CLI) create $(1) -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
+		timeout -s ABRT -k 30 $(UNIT_TIMEOUT) python -m pytest -p no:cacheprovider $(2)) && \
+	{ tar -c --exclude=./.git --exclude=./.venv --exclude=./.cache --transform 's,^\.,src,' . | $(DOCKER_CLI) cp - $$id:/ && \
+	$(DOCKER_CLI) start -a $$id; status=$$?; $(DOCKER_CLI) rm -f $$id >/dev/null; exit $$status; }
 # A sub-make for what has to be built first, given what this run has resolved.
 SUB_MAKE = $(MAKE) --no-print-directory DOCKER=$(DOCKER_CLI) CA_BUNDLE=$(CA_BUNDLE_FILE)
 
@@ -176,11 +183,9 @@ test: lint test-static build test-unit test-image ## lint, static checks, build,
 test-static: $(VENV)/.done ## checks that need no build: env pins, Dockerfile, k8s manifests, buildtools/detect-build
 	$(VENV)/bin/pytest tests/static $(call junit,static)
 
-test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside the image (on the sources in this folder)
-	$(DOCKER_CLI) run --rm --shm-size=1g -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
-		timeout -s ABRT -k 30 $(UNIT_TIMEOUT) python -m pytest -p no:cacheprovider tests/unit benchmarks
-	$(DOCKER_CLI) run --rm -v $(CURDIR):/src:ro -w /src -e PYTHONDONTWRITEBYTECODE=1 $(IMAGE) \
-		timeout -s ABRT -k 30 $(UNIT_TIMEOUT) python -m pytest -p no:cacheprovider -m small_shm tests/unit
+test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside the image (on the sources in this folder, copied in)
+	$(call in_image_with_sources,--shm-size=1g,tests/unit benchmarks)
+	$(call in_image_with_sources,,-m small_shm tests/unit)
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
 	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) \

@@ -27,8 +27,10 @@ class ConfigError(ValueError):
 
 def flag(default, group, help, parse=None, choices=None, switch=False):
     """A TrainConfig field that is a flag: its default, parser group, help (which states the default), the
-    function that parses and checks its text (parse), its choices, or `switch` (--flag / --no-flag; a bool
-    default of False without None means a plain --flag)."""
+    function that parses and checks its text (parse), its choices (checked by a parse of their own), or `switch`
+    (--flag / --no-flag; a bool default of False without None means a plain --flag)."""
+    if choices is not None:
+        parse = parsing.one_of(choices)
     metadata = {"group": group, "help": help, "parse": parse, "choices": choices, "switch": switch}
     return dataclasses.field(default=default, metadata=metadata)
 
@@ -292,9 +294,7 @@ def config_file_defaults(path):
 
 
 def expected_value(meta):
-    """What a flag takes, in words: one of its choices, what its parse function expects, or any text."""
-    if meta["choices"] is not None:
-        return f"one of {', '.join(meta['choices'])}"
+    """What a flag takes, in words: what its parse function expects (one of its choices), or any text."""
     return getattr(meta["parse"], "expected", "a string")
 
 
@@ -310,12 +310,10 @@ def config_value(field, value, where):
             f"{where}: null is not a value for it: expected {expected_value(meta)}, or remove the line for the "
             f"default ({field.default})"
         )
-    if value is None or (meta["parse"] is None and meta["choices"] is None):
+    if value is None or meta["parse"] is None:
         return value if value is None else str(value)
-    if meta["choices"] is not None and value not in meta["choices"]:
-        raise ConfigError(f"{where}: expected {expected_value(meta)}, got {value!r}")
     try:
-        return meta["parse"](str(value)) if meta["parse"] else value
+        return meta["parse"](str(value))
     except argparse.ArgumentTypeError as error:
         raise ConfigError(f"{where}: {error}") from None
 

@@ -103,7 +103,7 @@ def packages():
 
 
 def image():
-    """The image's version, revision, source and lock file, as its labels say ({} outside the image)."""
+    """The image's version, revision, source, flavour, env source and lock file, as its labels say ({} outside it)."""
     if not os.path.exists(IMAGE_FILE):
         return {}
     with open(IMAGE_FILE) as image_file:

@@ -38,6 +38,20 @@ def number(kind, minimum, *, above=False, below=None, at_most=None):
     return parse
 
 
+def one_of(choices):
+    """An argparse type: one of `choices`, refused in the same words on every Python (argparse's own "invalid
+    choice" message changed its quoting in 3.12)."""
+    expected = f"one of {', '.join(choices)}"
+
+    def parse(text):
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return text
+
+    parse.expected = expected
+    return parse
+
+
 positive_int = number(int, 0, above=True)
 non_negative_int = number(int, 0)
 positive_float = number(float, 0, above=True)

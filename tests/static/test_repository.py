@@ -244,3 +244,11 @@ def test_every_relative_link_in_the_docs_resolves(doc):
 def test_the_readme_stays_short():
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= 200, f"README.md has {lines} lines: move detail into docs/"
+
+
+def test_no_make_target_mounts_the_checkout():
+    """Where Docker is reached through a mounted socket (a CI job container, a dev container), a bind mount names
+    a path on the engine's host, which has no checkout there: the sources travel by `docker cp`."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert not re.findall(r"-v +\$\(CURDIR\)(?:/tests\S*)?:", makefile)
+    assert "| $(DOCKER_CLI) cp - $$id:/" in makefile

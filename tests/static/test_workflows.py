@@ -233,7 +233,11 @@ def test_every_action_is_pinned_to_a_commit(path):
 
 # ---------------------------------------------------------------- the scan's allow-list
 def test_the_scan_ignores_exactly_the_advisories_security_md_lists():
-    assert known_advisories.known_advisories(SECURITY) == [("torch 2.5.1", ["CVE-2025-32434", "GHSA-53q9-r3pm-6pq6"])]
+    assert known_advisories.known_advisories(SECURITY) == [
+        ("torch 2.5.1", ["CVE-2025-32434", "GHSA-53q9-r3pm-6pq6"]),
+        ("torch 2.5.1", ["CVE-2025-2953"]),
+        ("torch 2.5.1", ["CVE-2025-3730"]),
+    ]
     out = subprocess.run(
         [sys.executable, ROOT / "buildtools/known_advisories.py", "docs/security.md"],
         cwd=ROOT,
@@ -241,7 +245,8 @@ def test_the_scan_ignores_exactly_the_advisories_security_md_lists():
         text=True,
         check=True,
     ).stdout
-    assert [line for line in out.splitlines() if not line.startswith("#")] == ["CVE-2025-32434", "GHSA-53q9-r3pm-6pq6"]
+    ids = ["CVE-2025-32434", "GHSA-53q9-r3pm-6pq6", "CVE-2025-2953", "CVE-2025-3730"]
+    assert [line for line in out.splitlines() if not line.startswith("#")] == ids
     scan = next(s["run"] for s in steps(load("release.yml")) if "trivy" in s.get("run", ""))
     assert "known_advisories.py docs/security.md > .cache/scan/trivyignore" in scan
     assert "--ignorefile /scan/trivyignore" in scan and "--exit-code 1" in scan

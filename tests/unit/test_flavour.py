@@ -1,11 +1,13 @@
 """Whether a torch build runs on the GPUs and driver it sees, and which flavour to use where it does not: with the
 flavour table the repository holds and fake capabilities, drivers and arch flags (there is no GPU here)."""
 
+import os
+
 import pytest
 import torch
 
 from conftest import ROOT
-from torchlab import flavour
+from torchlab import environment, flavour
 from torchlab.tools import doctor
 
 TABLE = str(ROOT / "buildtools/flavours.tsv")
@@ -111,3 +113,10 @@ def test_the_doctor_row_here_names_this_images_flavour():
     if torch.version.cuda is not None:
         assert check.detail.endswith("no GPU seen to check against")
     assert check.detail.startswith(flavour.this_flavour(doctor.environment.image()) + ": ")
+
+
+def test_every_runs_environment_record_names_the_images_flavour():
+    """The record's `image` part is the image's labels (environment.image()), the flavour among them."""
+    if not os.path.exists(environment.IMAGE_FILE):
+        pytest.skip(f"outside the image: no {environment.IMAGE_FILE}")
+    assert environment.image()["flavour"] == os.environ["TORCHLAB_FLAVOUR"] in {f.name for f in FLAVOURS}
