@@ -8,6 +8,7 @@ The defaults of --data, --workers, --batch-size, --prefetch-factor, --image-size
 import ctypes
 import dataclasses
 import html
+import importlib.util
 import json
 import math
 import os
@@ -45,6 +46,7 @@ MATMUL_REPEATS = 10
 MATMUL_TOLERANCE = 1e-2  # relative to the largest entry; TF32 lands near 1e-3, fp32 near 1e-6
 CLASS_NAMES_SHOWN = 5
 ENV_SPEC = "/opt/torchlab/environment.yml"  # the image's pins (the repository's environment.yml)
+ENVSPEC = "/opt/torchlab/envspec.py"  # the build's reader of them (buildtools/envspec.py), which knows the flavours
 DEVICE_DECODE_TOLERANCE = 3.0  # mean levels between nvJPEG's and libjpeg-turbo's decode of the test image
 GPUS_FIX = "start the container with --gpus all (the host needs the NVIDIA driver and the NVIDIA Container Toolkit)"
 
@@ -129,14 +131,17 @@ def check_python():
     return Check("python", OK, f"{sys.version.split()[0]} ({sys.executable})", facts={"version": sys.version})
 
 
-def pinned_version(conda_name, spec_path=ENV_SPEC):
-    """The version environment.yml pins `conda_name` to, or None (no such file or pin)."""
+def pinned_version(conda_name, spec_path=ENV_SPEC, envspec_path=ENVSPEC):
+    """The version environment.yml pins `conda_name` to for this image's flavour, as the build read it (its own
+    envspec.py), or None (no such file or pin: outside the image)."""
     try:
-        with open(spec_path) as spec:
-            pins = re.findall(rf"^\s*-\s*{re.escape(conda_name)}=([\w.]+)", spec.read(), flags=re.M)
+        module_spec = importlib.util.spec_from_file_location("torchlab_envspec", envspec_path)
+        envspec = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(envspec)
+        pins = envspec.conda_pins(spec_path, flavour.this_flavour(environment.image()))
     except OSError:
         return None
-    return pins[0] if pins else None
+    return pins.get(conda_name)
 
 
 def check_torch(spec_path=ENV_SPEC):
