@@ -88,6 +88,9 @@ make_run_dir() {
         install -d -m 0755 -o root -g root /run/torchlab /run/torchlab/authorized_keys /run/torchlab/sshd_config.d \
             /run/sshd  # sshd's privilege separation directory
     else
+        # What the user left there, their chmod 000 of a folder included, goes: its modes first (-R changes a
+        # folder's before entering it, and follows no link), so that nothing stays unreadable, then everything.
+        chmod -R u+rwx /run/torchlab 2>/dev/null || true
         find /run/torchlab -mindepth 1 -delete 2>/dev/null || true
         { mkdir -p /run/torchlab/authorized_keys /run/torchlab/sshd_config.d 2>/dev/null && [ -w /run/torchlab ]; } ||
             die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
