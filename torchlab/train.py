@@ -20,7 +20,7 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from torchlab import config, distributed, environment, io, metrics, model, optim, resolve
+from torchlab import activity, config, distributed, environment, io, metrics, model, optim, resolve
 from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
 from torchlab.data import decode, folder, splits
 from torchlab.pipeline import device_decode, loader, plan, sampler
@@ -455,10 +455,11 @@ def main(argv=None, prog=config.PROG):
     if processes.is_main:  # environment.json: what this run ran in (a WARNING, never a stop, if it cannot be written)
         environment.record(cfg.run_dir, record["loader_plan"], argv)
     try:
-        if cfg.loader_only:
-            measure_loader(train_loader, used, cfg, to_device, processes, log, stop)
-        else:
-            fit(cfg, setup, start, train_loader, val_loader, processes, log, stop)
+        with activity.announced(cfg.run_dir):  # Jupyter's idle cullers see the run (torchlab.jupyter_activity)
+            if cfg.loader_only:
+                measure_loader(train_loader, used, cfg, to_device, processes, log, stop)
+            else:
+                fit(cfg, setup, start, train_loader, val_loader, processes, log, stop)
     except (TooManyBadImages, CheckpointWriteError) as error:
         io.exit_with_error(prog, error, status=TRAINING_FAILURE_STATUS)
     finally:

@@ -265,6 +265,8 @@ make_as_user() {
     user_env+=("PATH=$given_path:$user_base/bin" "PYTHONUSERBASE=$user_base" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-$work_dir/.conda/envs}"
         "JUPYTER_PATH=${JUPYTER_PATH:-$user_base/share/jupyter}" "JUPYTER_RUNTIME_DIR=${JUPYTER_RUNTIME_DIR:-$RUNTIME_DIR}"
         "TORCHLAB_RUNS=${TORCHLAB_RUNS:-$work_dir/runs}" "TORCHLAB_WORK_DIR=$work_dir")
+    # Where live training runs leave their records for Jupyter's idle-culler activity (torchlab/activity.py).
+    [ "$TRAINING_IS_ACTIVITY" = no ] || user_env+=("TORCHLAB_ACTIVITY_DIR=$RUNTIME_DIR/activity")
     as_user=(env -u PYTHONNOUSERSITE)
     IFS=, read -ra names <<<"$JUPYTER_ENV_VARS_TO_UNSET"
     for name in "${names[@]}"; do as_user+=(-u "$name"); done
