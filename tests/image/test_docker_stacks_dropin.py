@@ -157,6 +157,9 @@ def test_jupyter_no_auth_turns_auth_off_on_purpose_with_a_warning(containers):
     assert http_status(f"http://127.0.0.1:{container.host_port(8888)}/api/contents") == 200
     warnings = start_log(container.logs(), "WARNING")
     assert len(warnings) == 1 and warnings[0].startswith("JUPYTER_NO_AUTH=yes: Jupyter runs with no token")
+    # Nor does the start tell the user to log in with a token (issue 44).
+    (login,) = [line for line in start_log(container.logs(), "INFO") if line.startswith("Jupyter: http")]
+    assert login.endswith("(no login: JUPYTER_NO_AUTH=yes)") and "JUPYTER_TOKEN" not in login, login
 
 
 def test_an_idle_container_writes_nothing_to_its_log(containers):
