@@ -133,6 +133,13 @@ def test_an_option_that_turns_auth_off_is_refused(env, command):
     assert len(result.stderr.strip().splitlines()) == 1 and start_log(result.stderr, "ERROR"), result.stderr
 
 
+def test_a_hub_token_without_the_hubs_url_is_refused_in_one_line():
+    # docs/docker-stacks.md: docker-stacks starts here, and jupyterhub-singleuser then serves without the hub's login.
+    result = docker("run", "--rm", "-e", "JUPYTERHUB_API_TOKEN=abc", IMAGE, check=False, timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert start_log(result.stderr, "ERROR")[0].startswith("JUPYTERHUB_API_TOKEN is set but JUPYTERHUB_SERVICE_URL")
+
+
 @pytest.mark.parametrize("user", ["root", "1000:100"])
 def test_jupyter_env_vars_to_unset_as_docker_stacks_tests_it(user):
     # docker-stacks' test_jupyter_env_vars_to_unset (its run_and_wait fails on any WARNING line), here in both start
