@@ -343,6 +343,11 @@ def fit(cfg, setup, start, train_loader, val_loader, processes, log, stop):
         log.print(f"stopped by {stop_reason(stop, position.global_step, cfg)} {where}, step {position.global_step}")
 
 
+def finished(position, cfg):
+    """A run at `position` has no step left: --epochs done, or --max-steps reached."""
+    return position.epoch >= cfg.epochs or (cfg.max_steps is not None and position.global_step >= cfg.max_steps)
+
+
 def measure_loader(train_loader, used, cfg, to_device, processes, log, stop):
     """--loader-only: one epoch of batches of the loader plan `used`, decoded, copied and normalised as in
     training, with no model."""
@@ -370,9 +375,10 @@ def run_record(cfg, setup, used, world_size, class_names):
     }
 
 
-def open_run_dir(cfg, record, processes):
+def open_run_dir(cfg, record, processes, trains=True):
     """Rank 0 makes the run directory and writes config.json (run_record); metrics.jsonl's first record is this
-    start's loader plan. Returns the RunLog (silent on other ranks)."""
+    start's loader plan, unless it `trains` no step (a finished run started again). Returns the RunLog (silent on
+    other ranks)."""
     if not processes.is_main:
         return metrics.RunLog(None, interactive=False)
     os.makedirs(cfg.run_dir, exist_ok=True)
@@ -380,7 +386,8 @@ def open_run_dir(cfg, record, processes):
     with open(os.path.join(cfg.run_dir, "config.json"), "w") as config_file:
         json.dump(record, config_file, indent=2)
     log = metrics.RunLog(os.path.join(cfg.run_dir, "metrics.jsonl"), interactive=sys.stdout.isatty())
-    log.write({"kind": "loader_plan", "epoch": 0, "step": 0, **record["loader_plan"]})
+    if trains:
+        log.write({"kind": "loader_plan", "epoch": 0, "step": 0, **record["loader_plan"]})
     return log
 
 
@@ -447,7 +454,7 @@ def main(argv=None, prog=config.PROG):
             start = start_training(cfg, setup, network, steps_per_epoch, to_device, record, processes)
     except CheckpointReadError as error:
         io.exit_with_error(prog, f"--resume {error}")
-    log = open_run_dir(cfg, record, processes)
+    log = open_run_dir(cfg, record, processes, trains=cfg.loader_only or not finished(start[2], cfg))
     log.print(
         f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
         f"{cfg.arch} on {device} x {processes.world_size}; loader: {used.describe()}; run dir {cfg.run_dir}"

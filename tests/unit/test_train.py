@@ -186,6 +186,16 @@ def test_too_many_unreadable_images_stop_the_run_naming_them(sample_set, tmp_pat
     assert any(path.name in stopped.stderr for path in broken)
 
 
+def test_a_finished_run_started_again_adds_no_record(sample_set, tmp_path):
+    # Issue 44: each start of a finished run added a loader_plan record to metrics.jsonl.
+    flags = ("--data", sample_set, "--run-dir", tmp_path / "run", "--max-steps", "1", "--workers", "0", *QUICK_RUN)
+    assert run_train(*flags).returncode == 0
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    again = run_train(*flags)
+    assert again.returncode == 0 and "nothing to do: the run had already reached --max-steps 1" in again.stdout
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+
+
 def test_loader_only_reports_images_per_second(sample_set, tmp_path):
     run_dir = tmp_path / "run"
     result = run_train("--data", sample_set, "--run-dir", run_dir, "--loader-only", "--workers", "2", *QUICK_RUN)
