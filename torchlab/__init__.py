@@ -1,13 +1,14 @@
 """torchlab: train torchvision classifiers from a mounted ImageFolder with a loader near the machine's limit.
 
 Layers, bottom first, each importing only its own and those below it (tests/static/test_layers.py holds them):
-io, parsing, machine, flavour -> data, pipeline, model, optim, distributed, checkpoint, metrics, environment -> config
--> resolve, train -> tools -> cli.
+io, parsing, machine, flavour, activity -> data, pipeline, model, optim, distributed, checkpoint, metrics,
+environment -> config -> resolve, train -> tools -> cli, jupyter_activity.
 
 io.py               atomic writes; bad input as one line and exit 2
 parsing.py          argument types that check a flag's text, the parser whose errors are one line
 machine.py          the usable CPUs (affinity, cgroup quota) and /dev/shm, read once as a Machine
 flavour.py          the image's flavours (buildtools/flavours.tsv) and whether this torch runs on the GPUs seen
+activity.py         a live run's record, which idle cullers see through jupyter_activity
 data/               folder (the ImageFolder index), decode (crop, resize, ImageDataset), prepared (the packed
                     copy), splits (open either)
 pipeline/           plan (the loader plan: flags, autotune's setting, machine, data -> what the loader does; the
@@ -24,4 +25,5 @@ train.py            main(): flags, data, plan, model, run dir, then train_one_ep
 tools/              commands over the core: doctor, bench (+ bench_data), autotune, gpu_check, prepare,
                     sample_data, env (export, diff)
 cli.py              the `torchlab COMMAND` table
+jupyter_activity.py the Jupyter server extension that turns live runs into the server's activity
 """

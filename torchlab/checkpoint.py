@@ -29,13 +29,14 @@ class CheckpointReadError(ValueError):
 @dataclasses.dataclass
 class Position:
     """Where a run is: the epoch, the steps done in it, and the steps done in all; mid-epoch, what the epoch's
-    summary has summed so far in each process (metrics.Meter.state, stacked by rank; None at an epoch's start,
-    and in checkpoints written before it was kept)."""
+    summary and the current --log-interval's record have summed so far in each process (metrics.Meter.state,
+    stacked by rank; None at an epoch's start, and in checkpoints written before they were kept)."""
 
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
     epoch_sums: torch.Tensor = None
+    interval_sums: torch.Tensor = None
 
 
 def one_line(error):

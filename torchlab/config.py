@@ -18,7 +18,9 @@ from torchlab.pipeline import gil, plan
 PROG = "train.py"
 # Runs outlive the container on the /workspace volume, where Jupyter shows them (the image sets it).
 DEFAULT_RUN_DIR = os.path.join(os.environ.get("TORCHLAB_RUNS", "runs"), "default")
-AUTOTUNE_FILE = "~/.cache/torchlab/autotune.json"
+# autotune's saved settings: on the work volume where the image's start names one (TORCHLAB_WORK_DIR), so that they
+# outlive a re-created container; else in the home's cache.
+AUTOTUNE_FILE = os.path.join(os.environ.get("TORCHLAB_WORK_DIR") or "~", ".cache/torchlab/autotune.json")
 
 
 class ConfigError(ValueError):

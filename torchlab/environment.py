@@ -162,7 +162,9 @@ def work_tree(path):
     try:
         return run_command("git", "rev-parse", "--show-toplevel", cwd=os.path.dirname(os.path.abspath(path))).strip()
     except RuntimeError as error:
-        if "not a git repository" in str(error):
+        # Where the folder is a mount point (Kubeflow's PVC at the home) git ends with "Stopping at filesystem
+        # boundary": no work tree holds the file there either.
+        if "not a git repository" in str(error) or "Stopping at filesystem boundary" in str(error):
             return None
         raise
 

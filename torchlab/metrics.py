@@ -74,6 +74,14 @@ class Meter:
         self.data_wait = 0.0
         self.start = time.perf_counter()
 
+    @classmethod
+    def resumed(cls, device, states, processes):
+        """A Meter that goes on from `states` (see resume), or a fresh one where they are None."""
+        meter = cls(device)
+        if states is not None:
+            meter.resume(states, processes)
+        return meter
+
     def add_batch(self, data_wait, unreadable):
         """Every step: seconds spent waiting for the batch, and how many of its images were unreadable."""
         self.data_wait += data_wait

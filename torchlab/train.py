@@ -20,7 +20,7 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from torchlab import config, distributed, environment, io, metrics, model, optim, resolve
+from torchlab import activity, config, distributed, environment, io, metrics, model, optim, resolve
 from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
 from torchlab.data import decode, folder, splits
 from torchlab.pipeline import device_decode, loader, plan, sampler
@@ -76,16 +76,17 @@ def stop_reason(stop, global_step, cfg):
 
 
 class BadImages:
-    """The unreadable images of a run: the first few of each epoch that had any are named in the log at its end,
-    and every one of the run, with the reason, in RUN_DIR/bad_images.txt. Each process names its own (it finds
-    the reason); at the epoch's end rank 0 gathers every process's, so that the file names all of them (one
-    small collective per epoch with any, rather than a file per process to merge)."""
+    """The unreadable images of a run, in both splits: the first few of each epoch's training or validation pass
+    that had any are named in the log at its end, and every one of the run, with the reason, in
+    RUN_DIR/bad_images.txt. Each process names its own (it finds the reason); at the pass's end rank 0 gathers
+    every process's, so that the file names all of them (one small collective per pass with any, rather than a
+    file per process to merge)."""
 
-    def __init__(self, index, run_dir, processes):
-        self.index, self.processes = index, processes
+    def __init__(self, run_dir, processes):
+        self.processes = processes
         self.path = os.path.join(run_dir, BAD_IMAGES_FILE)
         self.files = decode.UnreadableFiles(self.read_back())  # over the whole run, a resumed one included
-        self.this_epoch = []
+        self.this_pass = []
 
     def read_back(self):
         if not self.processes.is_main or not os.path.exists(self.path):
@@ -93,37 +94,39 @@ class BadImages:
         with open(self.path, encoding="utf-8", errors="replace") as lines:
             return dict(line.rstrip("\n").split("\t", 1) for line in lines if "\t" in line)
 
-    def add(self, positions):
+    def add(self, index, positions):
+        """The unreadable `positions` of the split `index` (a data index) in this pass."""
         for position in positions:
-            path = self.index.path(position)
-            self.this_epoch.append(path)
-            self.files.add(path, lambda position=position: decode.unreadable_reason(self.index.source(position)))
+            path = index.path(position)
+            self.this_pass.append(path)
+            self.files.add(path, lambda position=position: decode.unreadable_reason(index.source(position)))
 
-    def start_epoch(self):
-        self.this_epoch = []
+    def start_pass(self):
+        self.this_pass = []
 
-    def report(self, epoch, count, log):
-        """The epoch had `count` unreadable images (over all processes; every process calls this together):
-        rank 0 gathers every process's, names the first few in the log and writes every one of the run."""
+    def report(self, where, count, log):
+        """The pass `where` ("epoch 3", "epoch 3's validation") had `count` unreadable images (over all processes;
+        every process calls this together): rank 0 gathers every process's, names the first few in the log and
+        writes every one of the run."""
         if count == 0:
             return
-        mine = [(path, self.files.reasons[path]) for path in self.this_epoch]
+        mine = [(path, self.files.reasons[path]) for path in self.this_pass]
         everyone = [pair for pairs in distributed.gathered(mine, self.processes) for pair in pairs]
         if not self.processes.is_main:
             return
-        self.this_epoch = [path for path, _ in everyone]
+        self.this_pass = [path for path, _ in everyone]
         for path, reason in everyone:  # the other processes' files
             self.files.reasons.setdefault(path, reason)
         text = "".join(f"{path}\t{reason}\n" for path, reason in sorted(self.files.reasons.items()))
         io.atomic_write(self.path, lambda file: file.write(text.encode("utf-8", "replace")))
-        named = self.files.named(self.this_epoch) or "met before the resume"
-        log.print(f"epoch {epoch}: skipped {count} unreadable images: {named}; all in {self.path}")
+        named = self.files.named(self.this_pass) or "met before the resume"
+        log.print(f"{where}: skipped {count} unreadable images: {named}; all in {self.path}")
 
     def check(self, count, epoch, cfg, log):
-        """More than --max-bad-images in this epoch (over all processes) stops the run, naming them."""
+        """More than --max-bad-images in this epoch's training (over all processes) stops the run, naming them."""
         if count > cfg.max_bad_images:
-            self.report(epoch, count, log)
-            examples = ", ".join(self.this_epoch[: decode.UNREADABLE_EXAMPLES]) or "(on other processes)"
+            self.report(f"epoch {epoch}", count, log)
+            examples = ", ".join(self.this_pass[: decode.UNREADABLE_EXAMPLES]) or "(on other processes)"
             raise TooManyBadImages(
                 f"{count} images of epoch {epoch} could not be decoded, more than --max-bad-images "
                 f"{cfg.max_bad_images}; e.g. {examples}"
@@ -201,13 +204,12 @@ def train_one_epoch(training, train_loader, position, run):
     train_loader.sampler.set_epoch(position.epoch, skip=position.step_in_epoch * cfg.batch_size)
     training.train_model.train()
     log.start_epoch(position.epoch, steps_per_epoch, position.step_in_epoch)
-    run.bad_images.start_epoch()
+    run.bad_images.start_pass()
     device = training.to_device.device
-    epoch_meter, interval_meter = metrics.Meter(device), metrics.Meter(device)
-    if position.epoch_sums is not None:  # resumed mid-epoch: the summary goes on from the steps before
-        epoch_meter.resume(position.epoch_sums, processes)
-        position.epoch_sums = None
-    run.epoch_meter = epoch_meter
+    # Resumed mid-epoch: the epoch's summary and the interval's record go on from the steps before the stop.
+    run.epoch_meter = epoch_meter = metrics.Meter.resumed(device, position.epoch_sums, processes)
+    run.interval_meter = metrics.Meter.resumed(device, position.interval_sums, processes)
+    position.epoch_sums = position.interval_sums = None
     tick = time.perf_counter()
     # The wait for each batch lasts until it is on the device, normalised (decoded there too, --decode gpu).
     for images, labels, bad in training.to_device.batches(train_loader):
@@ -216,20 +218,20 @@ def train_one_epoch(training, train_loader, position, run):
         # wait for its gradients: with shuffled data and --max-bad-images that stays theoretical). `bad`: the
         # workers' unreadable images, and those the device step could not decode (--decode gpu).
         if len(labels) > 0:
-            train_step(training, images, labels, (epoch_meter, interval_meter))
-        for meter in (epoch_meter, interval_meter):
+            train_step(training, images, labels, (epoch_meter, run.interval_meter))
+        for meter in (epoch_meter, run.interval_meter):
             meter.add_batch(waited, len(bad))
-        run.bad_images.add(bad)
+        run.bad_images.add(train_loader.dataset.index, bad)
         training.scheduler.step()
         position.step_in_epoch += 1
         position.global_step += 1
         log.step()
         if position.global_step % cfg.log_interval == 0:
             record = {"kind": "interval", "epoch": position.epoch, "step": position.global_step}
-            record.update(interval_meter.summary(processes), lr=training.scheduler.get_last_lr()[0])
+            record.update(run.interval_meter.summary(processes), lr=training.scheduler.get_last_lr()[0])
             log.interval({**record, **metrics.gpu_stats(device)})
             run.bad_images.check(epoch_meter.summary(processes)["bad_images"], position.epoch, cfg, log)
-            interval_meter = metrics.Meter(device)
+            run.interval_meter = metrics.Meter(device)
         if position.step_in_epoch < steps_per_epoch:  # at the epoch's end, fit saves its checkpoint
             stopping, due = step_vote(run.stop, position.global_step, cfg, processes, run.checkpoint_due())
             if stopping:
@@ -241,11 +243,15 @@ def train_one_epoch(training, train_loader, position, run):
 
 
 @torch.no_grad()
-def evaluate(training, val_loader, processes):
+def evaluate(training, val_loader, processes, bad_images):
+    """The validation pass's record fields; its unreadable images go to `bad_images` (BadImages), which names them
+    once the record is logged."""
     training.forward_model.eval()
     meter = metrics.Meter(training.to_device.device)
+    bad_images.start_pass()
     for images, labels, bad in training.to_device.batches(val_loader):
         meter.add_batch(0.0, len(bad))
+        bad_images.add(val_loader.dataset.index, bad)
         if len(labels) > 0:
             with training.autocast():
                 logits = training.forward_model(images)
@@ -258,8 +264,8 @@ def evaluate(training, val_loader, processes):
 @dataclasses.dataclass
 class Run:
     """What the epoch loop shares: the configuration, the processes, the log, the stop flag, the bad images,
-    the epoch's sums so far (its Meter) and the checkpoints (rank 0 writes them: every --checkpoint-minutes, at
-    each epoch's end, when stopped)."""
+    the epoch's and the current interval's sums so far (their Meters) and the checkpoints (rank 0 writes them:
+    every --checkpoint-minutes, at each epoch's end, when stopped)."""
 
     cfg: config.TrainConfig
     processes: distributed.Processes
@@ -268,14 +274,17 @@ class Run:
     bad_images: BadImages
     checkpoints: CheckpointManager
     epoch_meter: metrics.Meter = None
+    interval_meter: metrics.Meter = None
     last_save: float = dataclasses.field(default_factory=time.monotonic)
 
     def save(self, position):
-        """Every process calls it together. A checkpoint taken mid-epoch keeps every process's epoch sums, so
-        that a run resumed from it reports the epoch's summary over all its steps."""
+        """Every process calls it together. A checkpoint taken mid-epoch keeps every process's epoch and interval
+        sums, so that a run resumed from it reports the epoch's summary and the interval's record over all their
+        steps, those before the stop included."""
         if position.step_in_epoch > 0:
-            states = distributed.gathered(self.epoch_meter.state(), self.processes)
-            position = dataclasses.replace(position, epoch_sums=torch.stack(states))
+            mine = torch.stack([self.epoch_meter.state(), self.interval_meter.state()])
+            states = torch.stack(distributed.gathered(mine, self.processes))  # rank, meter, sums
+            position = dataclasses.replace(position, epoch_sums=states[:, 0], interval_sums=states[:, 1])
         if not self.processes.is_main:
             return None
         self.last_save = time.monotonic()
@@ -303,7 +312,7 @@ def fit(cfg, setup, start, train_loader, val_loader, processes, log, stop):
     first_step = position.global_step
     if setup.resume_path is not None:
         log.print(f"resumed from {setup.resume_path}: epoch {position.epoch}, step {position.global_step}")
-    bad_images = BadImages(train_loader.dataset.index, cfg.run_dir, processes)
+    bad_images = BadImages(cfg.run_dir, processes)
     run = Run(cfg, processes, log, stop, bad_images, checkpoints)
     while position.epoch < cfg.epochs and not should_stop(stop, position.global_step, cfg, processes):
         record = train_one_epoch(training, train_loader, position, run)
@@ -314,10 +323,11 @@ def fit(cfg, setup, start, train_loader, val_loader, processes, log, stop):
                 log.print(f"stopped by {reason} at epoch {position.epoch}, step {position.global_step}: saved {path}")
             return
         bad_images.check(record["bad_images"], position.epoch, cfg, log)  # over the limit: reports, then raises
-        bad_images.report(position.epoch, record["bad_images"], log)
+        bad_images.report(f"epoch {position.epoch}", record["bad_images"], log)
         if val_loader is not None:
-            record.update(evaluate(training, val_loader, processes))
+            record.update(evaluate(training, val_loader, processes, bad_images))
         log.end_epoch({**record, "lr": training.scheduler.get_last_lr()[0]})
+        bad_images.report(f"epoch {position.epoch}'s validation", record.get("val_bad_images", 0), log)
         position = Position(position.epoch + 1, 0, position.global_step)
         run.save(position)
     if position.epoch >= cfg.epochs:
@@ -331,6 +341,11 @@ def fit(cfg, setup, start, train_loader, val_loader, processes, log, stop):
         between_epochs = position.epoch > 0 and position.step_in_epoch == 0
         where = f"after epoch {position.epoch - 1}" if between_epochs else f"at epoch {position.epoch}"
         log.print(f"stopped by {stop_reason(stop, position.global_step, cfg)} {where}, step {position.global_step}")
+
+
+def finished(position, cfg):
+    """A run at `position` has no step left: --epochs done, or --max-steps reached."""
+    return position.epoch >= cfg.epochs or (cfg.max_steps is not None and position.global_step >= cfg.max_steps)
 
 
 def measure_loader(train_loader, used, cfg, to_device, processes, log, stop):
@@ -360,9 +375,10 @@ def run_record(cfg, setup, used, world_size, class_names):
     }
 
 
-def open_run_dir(cfg, record, processes):
+def open_run_dir(cfg, record, processes, trains=True):
     """Rank 0 makes the run directory and writes config.json (run_record); metrics.jsonl's first record is this
-    start's loader plan. Returns the RunLog (silent on other ranks)."""
+    start's loader plan, unless it `trains` no step (a finished run started again). Returns the RunLog (silent on
+    other ranks)."""
     if not processes.is_main:
         return metrics.RunLog(None, interactive=False)
     os.makedirs(cfg.run_dir, exist_ok=True)
@@ -370,7 +386,8 @@ def open_run_dir(cfg, record, processes):
     with open(os.path.join(cfg.run_dir, "config.json"), "w") as config_file:
         json.dump(record, config_file, indent=2)
     log = metrics.RunLog(os.path.join(cfg.run_dir, "metrics.jsonl"), interactive=sys.stdout.isatty())
-    log.write({"kind": "loader_plan", "epoch": 0, "step": 0, **record["loader_plan"]})
+    if trains:
+        log.write({"kind": "loader_plan", "epoch": 0, "step": 0, **record["loader_plan"]})
     return log
 
 
@@ -437,7 +454,7 @@ def main(argv=None, prog=config.PROG):
             start = start_training(cfg, setup, network, steps_per_epoch, to_device, record, processes)
     except CheckpointReadError as error:
         io.exit_with_error(prog, f"--resume {error}")
-    log = open_run_dir(cfg, record, processes)
+    log = open_run_dir(cfg, record, processes, trains=cfg.loader_only or not finished(start[2], cfg))
     log.print(
         f"{len(train_index)} training and {len(val_index)} validation images of {len(class_names)} classes; "
         f"{cfg.arch} on {device} x {processes.world_size}; loader: {used.describe()}; run dir {cfg.run_dir}"
@@ -445,10 +462,11 @@ def main(argv=None, prog=config.PROG):
     if processes.is_main:  # environment.json: what this run ran in (a WARNING, never a stop, if it cannot be written)
         environment.record(cfg.run_dir, record["loader_plan"], argv)
     try:
-        if cfg.loader_only:
-            measure_loader(train_loader, used, cfg, to_device, processes, log, stop)
-        else:
-            fit(cfg, setup, start, train_loader, val_loader, processes, log, stop)
+        with activity.announced(cfg.run_dir):  # Jupyter's idle cullers see the run (torchlab.jupyter_activity)
+            if cfg.loader_only:
+                measure_loader(train_loader, used, cfg, to_device, processes, log, stop)
+            else:
+                fit(cfg, setup, start, train_loader, val_loader, processes, log, stop)
     except (TooManyBadImages, CheckpointWriteError) as error:
         io.exit_with_error(prog, error, status=TRAINING_FAILURE_STATUS)
     finally:

@@ -43,3 +43,7 @@ c.ServerProxy.servers = {
         "launcher_entry": {"title": "TensorBoard"},
     }
 }
+
+# Training runs count as the server's activity for idle cullers (JupyterHub's, Kubeflow's): torchlab.jupyter_activity,
+# which does nothing where the start left TORCHLAB_ACTIVITY_DIR unset (TRAINING_IS_ACTIVITY=no).
+c.ServerApp.jpserver_extensions.update({"torchlab.jupyter_activity": True})

@@ -88,6 +88,9 @@ make_run_dir() {
         install -d -m 0755 -o root -g root /run/torchlab /run/torchlab/authorized_keys /run/torchlab/sshd_config.d \
             /run/sshd  # sshd's privilege separation directory
     else
+        # What the user left there, their chmod 000 of a folder included, goes: its modes first (-R changes a
+        # folder's before entering it, and follows no link), so that nothing stays unreadable, then everything.
+        chmod -R u+rwx /run/torchlab 2>/dev/null || true
         find /run/torchlab -mindepth 1 -delete 2>/dev/null || true
         { mkdir -p /run/torchlab/authorized_keys /run/torchlab/sshd_config.d 2>/dev/null && [ -w /run/torchlab ]; } ||
             die "/run/torchlab is not writable by UID $(id -u): expected the image's own, or with --read-only a tmpfs there (--tmpfs /run/torchlab:uid=$(id -u),gid=$(id -g))"
@@ -119,15 +122,18 @@ no_link_in_path() {
 
 # Docker gives every `docker exec`, the healthcheck included, the container's configured environment: a
 # secret given with -e reaches any process an admin starts as the user with `docker exec -u`, and in a
-# start without root every exec and the probe run as the user. One WARNING, in every start mode, names
-# them and what to do instead. Reads secrets_in_environment (hand_off's names of those given with -e).
+# start without root every exec and the probe run as the user. One line, in every start mode, names them
+# and what to do instead: a WARNING where JUPYTER_PASSWORD is among them (docs/security.md calls that
+# unsafe), else an INFO (JUPYTER_ENV_VARS_TO_UNSET's names alone: docker-stacks' documented use, which
+# starts with no WARNING there). Reads secrets_in_environment (hand_off's names of those given with -e).
 warn_of_secrets_in_the_environment() {
-    local given=${secrets_in_environment:-} instead
+    local given=${secrets_in_environment:-} instead say=log
     [ -n "$given" ] || return 0
+    [[ " $given " != *" JUPYTER_PASSWORD "* ]] || say=warn
     instead="give JUPYTER_PASSWORD as JUPYTER_PASSWORD_FILE and the others as mounted files"
     if root_start; then
-        warn "$given came in the container's environment, which Docker gives to every docker exec: docker exec -u $NB_USER hands them to the user (/proc/PID/environ); $instead, and run commands as the user with docker exec CONTAINER runuser -l $NB_USER -c 'COMMAND', which starts them without it"
+        $say "$given came in the container's environment, which Docker gives to every docker exec: docker exec -u $NB_USER hands them to the user (/proc/PID/environ); $instead, and run commands as the user with docker exec CONTAINER runuser -l $NB_USER -c 'COMMAND', which starts them without it (docs/security.md)"
     else
-        warn "$given came in the container's environment: in a start without root, docker exec and the healthcheck run as UID $(id -u) with it, so the user can read them there; $instead (which the user can read too: nothing is hidden from the UID that runs everything), or start as root"
+        $say "$given came in the container's environment: in a start without root, docker exec and the healthcheck run as UID $(id -u) with it, so the user can read them there; $instead (which the user can read too: nothing is hidden from the UID that runs everything), or start as root (docs/security.md)"
     fi
 }

@@ -90,7 +90,7 @@ start_jupyter() {
 # the image's from their metadata. Reads as_user_system.
 start_doctor() {
     [ "$DOCTOR_AT_START" = yes ] || return 0
-    "${as_user_system[@]}" /opt/env/bin/torchlab doctor 2>&1 | while IFS= read -r line; do log "doctor: $line"; done &
+    "${as_user_system[@]}" /opt/env/bin/torchlab doctor 2>&1 | while IFS= read -r line; do log "doctor: ${line#doctor: }"; done &
 }
 
 # The start log's last lines: how to log in. Reads token_generated (a random token is shown).
@@ -103,6 +103,8 @@ log_how_to_connect() {
     elif [ "$token_generated" = yes ]; then
         log_always "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui?token=$JUPYTER_TOKEN"
         log_always "TensorBoard: http://127.0.0.1:$JUPYTER_PORT${base_url}tensorboard/?token=$JUPYTER_TOKEN"
+    elif [ "$JUPYTER_NO_AUTH" = yes ]; then
+        log "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui (no login: JUPYTER_NO_AUTH=yes)"
     else
         log "Jupyter: http://127.0.0.1:$JUPYTER_PORT${base_url%/}$ui (log in with your JUPYTER_TOKEN or JUPYTER_PASSWORD)"
     fi

@@ -205,7 +205,8 @@ skip_what_needs_root() {  # GIVEN_UID GIVEN_GID
     NB_USER=$name NB_UID=$uid NB_GID=$gid
     home_dir=$(getent passwd "$uid" | cut -d: -f6 || true)
     home_dir=${home_dir:-/home/jovyan}
-    if [ ! -w "$home_dir" ] && [ ! -w /workspace ]; then
+    # A /workspace the UID cannot even enter is choose_work_dir's to tell.
+    if [ ! -w "$home_dir" ] && [ ! -w /workspace ] && [ -x /workspace ]; then
         warn "UID $uid can write neither its home $home_dir nor /workspace, so notebooks, runs and pip --user cannot be saved: add the group users (--group-add=users), mount a folder it owns at /workspace (-v \"\$PWD/work\":/workspace), or start as the image's user (--user 1000:100)"
     fi
 }
@@ -220,6 +221,34 @@ choose_work_dir() {
         work_dir=$home_dir
         log "the home $home_dir is a volume and /workspace is not (Kubeflow's layout): notebooks, runs and installs go to $home_dir"
     fi
+    usable_by_user "$work_dir" || fall_back_from_work_dir
+}
+
+# usable_by_user DIR [w]: NB_USER can list and enter DIR, and with w write it (root asks as the user: its own
+# test passes anything).
+usable_by_user() {
+    local tests=(-d "$1" -a -r "$1" -a -x "$1")
+    [ -z "${2:-}" ] || tests+=(-a -w "$1")
+    if root_start; then
+        setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups test "${tests[@]}"
+    else
+        test "${tests[@]}"
+    fi
+}
+
+# A work_dir the user cannot enter (their own `chmod 000 /workspace`, a mount of another UID's) stops nothing:
+# this start works in the home, or in /tmp, and one WARNING says what to fix. Root only stats the folder.
+fall_back_from_work_dir() {
+    local unusable=$work_dir found owner fix
+    found=$(stat -c '%A, owner %u:%g' "$unusable" 2>/dev/null || echo missing)
+    owner=$(stat -c %u "$unusable" 2>/dev/null || true)
+    for work_dir in "$home_dir" /tmp; do usable_by_user "$work_dir" w && break; done
+    if [ "$owner" = "$NB_UID" ]; then
+        fix="give it back to yourself with chmod u+rwx $unusable (over SSH, or docker exec -u $NB_UID CONTAINER chmod u+rwx $unusable) and restart"
+    else
+        fix="give it to UID $NB_UID on the host (chown or chmod), or mount a folder that UID owns there, and restart"
+    fi
+    warn "$unusable ($found) cannot be entered by UID $NB_UID: notebooks, runs and installs go to $work_dir for this start; $fix"
 }
 
 # The one privilege drop. Sets as_user, the prefix that runs a command as NB_USER in the user's
@@ -236,6 +265,8 @@ make_as_user() {
     user_env+=("PATH=$given_path:$user_base/bin" "PYTHONUSERBASE=$user_base" "CONDA_ENVS_PATH=${CONDA_ENVS_PATH:-$work_dir/.conda/envs}"
         "JUPYTER_PATH=${JUPYTER_PATH:-$user_base/share/jupyter}" "JUPYTER_RUNTIME_DIR=${JUPYTER_RUNTIME_DIR:-$RUNTIME_DIR}"
         "TORCHLAB_RUNS=${TORCHLAB_RUNS:-$work_dir/runs}" "TORCHLAB_WORK_DIR=$work_dir")
+    # Where live training runs leave their records for Jupyter's idle-culler activity (torchlab/activity.py).
+    [ "$TRAINING_IS_ACTIVITY" = no ] || user_env+=("TORCHLAB_ACTIVITY_DIR=$RUNTIME_DIR/activity")
     as_user=(env -u PYTHONNOUSERSITE)
     IFS=, read -ra names <<<"$JUPYTER_ENV_VARS_TO_UNSET"
     for name in "${names[@]}"; do as_user+=(-u "$name"); done

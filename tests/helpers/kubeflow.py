@@ -1,7 +1,9 @@
 """What Kubeflow Trainer makes of k8s/trainer/trainjob.json, read from its source (kubeflow/trainer v2.3.0) and
-JobSet's, for the tests that check and emulate it without a cluster: the node pods' spec and environment."""
+JobSet's, for the tests that check and emulate it without a cluster: the node pods' spec and environment; and the
+notebook controller's idle-culling rules (culler_last_activity), run against /api/kernels."""
 
 import copy
+import datetime
 
 from k8s import render
 
@@ -49,3 +51,25 @@ def node_env(trainjob, node_rank):
         JOB_COMPLETION_INDEX=str(node_rank),
     )
     return env
+
+
+def culler_last_activity(kernels, annotation, now):
+    """Kubeflow's notebook culler, one check (kubeflow/kubeflow components/notebook-controller/controllers/
+    culling_controller.go, updateNotebookLastActivityAnnotation; Open Data Hub runs the same): the notebook's
+    last-activity annotation after it GETs /api/kernels. `kernels` is the decoded list (None: the GET failed).
+    No kernels: not updated. A kernel whose execution_state is not "idle": now. Else the newest last_activity."""
+    if not kernels:
+        return annotation
+    if any(kernel["execution_state"] != "idle" for kernel in kernels):
+        return now
+    return max(parse_time(kernel["last_activity"]) for kernel in kernels)
+
+
+def culler_stops(annotation, now, cull_idle_minutes):
+    """notebookIsIdle: the culler stops the notebook once CULL_IDLE_TIME minutes have passed since last-activity."""
+    return now > annotation + datetime.timedelta(minutes=cull_idle_minutes)
+
+
+def parse_time(text):
+    """An RFC 3339 time as jupyter_server writes it (2026-12-07T03:25:47.668222Z), as Go's time.Parse reads it."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -133,11 +133,40 @@ def test_an_option_that_turns_auth_off_is_refused(env, command):
     assert len(result.stderr.strip().splitlines()) == 1 and start_log(result.stderr, "ERROR"), result.stderr
 
 
+def test_a_hub_token_without_the_hubs_url_is_refused_in_one_line():
+    # docs/docker-stacks.md: docker-stacks starts here, and jupyterhub-singleuser then serves without the hub's login.
+    result = docker("run", "--rm", "-e", "JUPYTERHUB_API_TOKEN=abc", IMAGE, check=False, timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert start_log(result.stderr, "ERROR")[0].startswith("JUPYTERHUB_API_TOKEN is set but JUPYTERHUB_SERVICE_URL")
+
+
+@pytest.mark.parametrize("user", ["root", "1000:100"])
+def test_jupyter_env_vars_to_unset_as_docker_stacks_tests_it(user):
+    # docker-stacks' test_jupyter_env_vars_to_unset (its run_and_wait fails on any WARNING line), here in both start
+    # modes: the names are unset, and the advice about docker exec is an INFO line, not a WARNING (issue 44).
+    env = {
+        "JUPYTER_ENV_VARS_TO_UNSET": "SECRET_ANIMAL,UNUSED_ENV,SECRET_FRUIT",
+        "FRUIT": "bananas",
+        "SECRET_ANIMAL": "cats",
+        "SECRET_FRUIT": "mango",
+    }
+    env_args = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
+    line = "echo I like ${FRUIT} and ${SECRET_FRUIT:-stuff}, and love ${SECRET_ANIMAL:-to keep secrets}!"
+    result = docker("run", "--rm", "--user", user, *env_args, IMAGE, "start.sh", "bash", "-c", line, timeout=60)
+    assert result.stdout.strip() == "I like bananas and stuff, and love to keep secrets!"
+    assert not start_log(result.stderr, "WARNING") and not start_log(result.stderr, "ERROR"), result.stderr
+    advice = [line for line in start_log(result.stderr, "INFO") if "came in the container's environment" in line]
+    assert len(advice) == 1 and advice[0].startswith("SECRET_ANIMAL SECRET_FRUIT "), result.stderr
+
+
 def test_jupyter_no_auth_turns_auth_off_on_purpose_with_a_warning(containers):
     container = containers.run(env={"JUPYTER_NO_AUTH": "yes"})
     assert http_status(f"http://127.0.0.1:{container.host_port(8888)}/api/contents") == 200
     warnings = start_log(container.logs(), "WARNING")
     assert len(warnings) == 1 and warnings[0].startswith("JUPYTER_NO_AUTH=yes: Jupyter runs with no token")
+    # Nor does the start tell the user to log in with a token (issue 44).
+    (login,) = [line for line in start_log(container.logs(), "INFO") if line.startswith("Jupyter: http")]
+    assert login.endswith("(no login: JUPYTER_NO_AUTH=yes)") and "JUPYTER_TOKEN" not in login, login
 
 
 def test_an_idle_container_writes_nothing_to_its_log(containers):

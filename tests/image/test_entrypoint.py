@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -338,6 +339,8 @@ def doctor_lines(container):
 def test_start_log_carries_the_doctors_report(containers):
     container = containers.run()
     wait_for(lambda: any("shared memory" in line for line in doctor_lines(container)), 120, "the doctor's report")
+    summary = wait_for(lambda: [line for line in doctor_lines(container) if " ok, " in line], 120, "its summary")
+    assert re.fullmatch(r"doctor: \d+ ok, \d+ warn, \d+ fail", summary[0]), summary  # not "doctor: doctor:"
     assert "--shm-size" not in container.logs()  # the default loader (decode threads) needs no /dev/shm
     quiet = containers.run(env={"DOCTOR_AT_START": "no"})
     assert not doctor_lines(quiet)

@@ -49,7 +49,8 @@ def proxy_command():
     return str(CHP)
 
 
-def hub_config(workdir, gateway, network, admin_token, password, prefix, user):
+def hub_config(workdir, gateway, network, admin_token, password, prefix, user, extra=None):
+    """Writes the hub's jupyterhub_config.py (`extra`: settings added or replaced); returns its public URL."""
     ports = {"public": reserved_port(), "api": reserved_port(), "hub": reserved_port(gateway)}
     settings = {
         "JupyterHub.ip": "127.0.0.1",
@@ -84,6 +85,7 @@ def hub_config(workdir, gateway, network, admin_token, password, prefix, user):
         "Spawner.start_timeout": 90,
         "Spawner.http_timeout": 90,
     }
+    settings.update(extra or {})
     lines = ["c = get_config()  # noqa: F821"]
     lines += [f"c.{key} = {value!r}" for key, value in settings.items()]
     (workdir / "jupyterhub_config.py").write_text("\n".join(lines) + "\n")

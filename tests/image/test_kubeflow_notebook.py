@@ -74,6 +74,10 @@ def test_a_kubeflow_workbench_keeps_the_users_work_on_its_volume(containers, ssh
         assert ssh(second, ssh_key[0], f"python -c '{probe}'").stdout.startswith("/home/jovyan/.local/lib/")
         runs = ssh(second, ssh_key[0], "echo $TORCHLAB_RUNS; id -u").stdout.split()
         assert runs == ["/home/jovyan/runs", "1000"]
+        # train.py in the login directory, on the PVC, is in no git work tree: its run records no warning of it
+        # (git stops at the mount, "Stopping at filesystem boundary": issue 44).
+        probe = "from torchlab import environment; print(environment.work_tree('/home/jovyan/train.py'))"
+        assert ssh(second, ssh_key[0], f'python -c "{probe}"').stdout.strip() == "None"
     finally:
         containers.remove_all()
         docker("volume", "rm", "-f", volume, check=False)

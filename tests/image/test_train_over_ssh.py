@@ -57,6 +57,42 @@ def test_nohup_run_survives_logout_and_writes_checkpoints(trainer, ssh_key):
     assert [r["epoch"] for r in records(trainer, "runs/nohup") if r["kind"] == "epoch"] == [0, 1]
 
 
+def readme_nohup_line():
+    """The README's own nohup line, as a user copies it."""
+    (line,) = re.findall(r"`(nohup python train\.py --data /data [^`]*)`", (ROOT / "README.md").read_text())
+    return line
+
+
+def test_the_readmes_nohup_line_returns_at_once_and_its_log_outlives_the_container(containers, ssh_key):
+    # Issue 44: sent as one ssh command, `> log.txt &` kept ssh open until training ended (stderr was the
+    # channel), and log.txt sat in the home, which a re-created container loses.
+    volume = "torchlab-test-readme-" + uuid.uuid4().hex[:8]
+    env = {"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]}
+    line = readme_nohup_line().replace("--data /data", f"{TRAIN_FLAGS} --epochs 50 --run-dir /workspace/runs/readme")
+    log_file = re.search(r"> (\S+)", line).group(1)
+    assert log_file.startswith("/workspace/"), line
+    try:
+        first = containers.run("-v", f"{volume}:/workspace", env=env, shm_size="1g")
+        ssh(first, ssh_key[0], SAMPLE_DATA, timeout=300)
+        ssh(first, ssh_key[0], line, timeout=30)  # a run of 50 epochs: returning at all is returning at once
+        assert user_processes(first, "train.py .*runs/readme"), "the run did not outlive the ssh command"
+        wait_for(
+            lambda: "images/s" in first.exec("cat", log_file, check=False).stdout,
+            300,
+            "the run's first progress line",
+            lambda: first.exec("tail", "-5", log_file, check=False).stdout,
+        )
+        docker("stop", "-t", "60", first.name, timeout=90)
+        docker("rm", "-f", first.name)
+
+        second = containers.run("-v", f"{volume}:/workspace", env=env, shm_size="1g")
+        log = second.exec("cat", log_file).stdout
+        assert "images/s" in log and "stopped by SIGTERM" in log, log
+    finally:
+        containers.remove_all()
+        docker("volume", "rm", "-f", volume, check=False)
+
+
 def test_docker_stop_lets_a_run_started_over_ssh_checkpoint(containers, ssh_key, tmp_path):
     container = containers.run(env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]}, shm_size="1g")
     ssh(container, ssh_key[0], SAMPLE_DATA, timeout=300)

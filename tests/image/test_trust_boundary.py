@@ -15,8 +15,10 @@ import tarfile
 import pytest
 
 from helpers.docker import DOCKER, IMAGE, docker, start_log, wait_for
-from helpers.jupyter import TOKEN
+from helpers.jupyter import TOKEN, http_status
 from helpers.ssh import ssh
+
+AUTH = {"Authorization": f"token {TOKEN}"}
 
 MODES = ["root", "1000:100", "1010:0", "1010:100"]
 USER_MODES = MODES[1:]
@@ -395,3 +397,31 @@ def test_a_restart_as_the_user_gets_past_what_the_user_left_in_its_files(contain
     container.wait_ready()
     wait_for(lambda: container.state()["Health"]["Status"] == "healthy", 60, "a healthy container", container.logs)
     assert "ssh_host_ed25519_key was no usable key; making a new one" in container.logs()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_folder_the_user_makes_unreadable_stops_no_later_start(containers, ssh_key, tmp_path, mode):
+    # Issue 44: chmod 000 on a folder of theirs under /run/torchlab, or on /workspace, made the next start exit 1.
+    container = start(containers, mode, ssh_key, tmp_path)
+    script = "for d in /run/torchlab/*/ /workspace; do [ -O ${d%/} ] && chmod 000 ${d%/} && echo ${d%/}; done; true"
+    made = as_user(container, ssh_key, script).split()
+    assert any(path.startswith("/run/torchlab/") for path in made), made  # the runtime folder, in every mode
+    assert ("/workspace" in made) == (mode != "1010:100"), made  # 1010:100 does not own the image's /workspace
+    warnings_before = len(start_log(container.logs(), "WARNING"))
+
+    docker("restart", "-t", "10", container.name, timeout=60)
+    container.wait_ready()  # sshd and Jupyter, both up
+
+    warnings = start_log(container.logs(), "WARNING")[warnings_before:]
+    work_dir = as_user(container, ssh_key, "echo $TORCHLAB_WORK_DIR; touch $TORCHLAB_WORK_DIR/saved && echo saved")
+    contents = http_status(f"http://127.0.0.1:{container.host_port(8888)}/api/contents", AUTH)
+    assert contents == 200 and work_dir.split()[1] == "saved", work_dir
+    if "/workspace" not in made:
+        assert warnings == [] and work_dir.split()[0] == "/workspace", container.logs()
+        return
+    assert len(warnings) == 1, container.logs()
+    assert warnings[0].startswith("/workspace (d--") and " cannot be entered by UID " in warnings[0], warnings[0]
+    assert f"go to {work_dir.split()[0]} for this start; give it back" in warnings[0], warnings[0]
+    assert "chmod u+rwx /workspace" in warnings[0]
+    mode_left = container.exec("stat", "-c", "%A", "/workspace").stdout.strip()
+    assert not set("rwx") & set(mode_left), mode_left  # left as the user made it (chmod 000 keeps a setgid bit)

@@ -11,12 +11,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "torchlab"
 # Bottom first: the foundations, the core mechanisms, train.py's flags, the run, the commands, the command table.
 LAYERS = [
-    {"io", "parsing", "machine", "flavour"},
+    {"io", "parsing", "machine", "flavour", "activity"},
     {"data", "pipeline", "model", "optim", "distributed", "checkpoint", "metrics", "environment"},
     {"config"},
     {"resolve", "train"},
     {"tools"},
-    {"cli", "__main__"},
+    {"cli", "__main__", "jupyter_activity"},  # entry points: the command, and the Jupyter server extension
 ]
 TORCH = ("torch", "torchvision")
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -108,3 +109,16 @@ def test_python_m_torchlab_train_is_train_py():
     )
     assert result.returncode == 0 and result.stdout.startswith("usage: train.py ")
     assert len((ROOT / "train.py").read_text().strip().splitlines()) <= 3  # the shim: an import and a call
+
+
+CAPTURE = {"capture_output": True, "text": True, "cwd": ROOT}
+
+
+def test_autotunes_file_is_on_the_work_volume_where_the_start_names_one(tmp_path):
+    # Issue 44: in ~/.cache, what autotune saved was lost with the container.
+    probe = [sys.executable, "-c", "from torchlab import config; print(config.AUTOTUNE_FILE)"]
+    on_volume = subprocess.run(probe, env={**os.environ, "TORCHLAB_WORK_DIR": str(tmp_path)}, check=True, **CAPTURE)
+    assert on_volume.stdout.strip() == f"{tmp_path}/.cache/torchlab/autotune.json"
+    elsewhere = {name: value for name, value in os.environ.items() if name != "TORCHLAB_WORK_DIR"}
+    default = subprocess.run(probe, env=elsewhere, check=True, **CAPTURE).stdout.strip()
+    assert default == "~/.cache/torchlab/autotune.json"

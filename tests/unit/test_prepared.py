@@ -74,6 +74,19 @@ def test_an_empty_a_16_bit_and_a_too_long_image_are_kept_as_samples_that_read_as
     assert abs(int(decoded["deep.png"].mean()) - round(40_000 / 257)) <= 2
 
 
+def test_prepare_names_the_unreadable_images_it_kept(sample_set, tmp_path, capsys):
+    # Issue 44: torchlab prepare copied unreadable files without a word.
+    source = tmp_path / "source"
+    shutil.copytree(sample_set, source)
+    broken = sorted((source / "val" / "class_01").glob("*.JPEG"))[:2]
+    for path in broken:
+        path.write_bytes(path.read_bytes()[:300])
+    prepare.main([str(source), str(tmp_path / "copy")])
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("2 unreadable images kept as empty samples (train.py skips and names them): "), line
+    assert all(str(path) in line for path in broken)
+
+
 class Interrupted(RuntimeError):
     pass
 

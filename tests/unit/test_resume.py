@@ -118,34 +118,54 @@ def test_max_steps_after_a_mid_epoch_resume_is_exact(tiny_set, tmp_path):
     assert [record["step"] for record in read_metrics(run_dir, "interval")] == list(range(1, 8))
 
 
+def test_the_interval_record_that_spans_a_stop_is_the_uninterrupted_runs(tiny_set, tmp_path):
+    """--log-interval 5: the record at step 10 covers steps 7 to 10 (each epoch starts a new interval); stopped at
+    step 8 and resumed, it still covers all four, the two before the stop kept in the checkpoint (it covered the
+    resumed two only: issue 44)."""
+    flags = ("--workers", "0", *TINY_RUN, "--log-interval", "5")
+    reference = run_train("--data", tiny_set, "--run-dir", tmp_path / "reference", *flags)
+    assert reference.returncode == 0, reference.stderr
+    run_dir = tmp_path / "run"
+    for max_steps in ("8", str(TOTAL_STEPS)):
+        result = run_train("--data", tiny_set, "--run-dir", run_dir, *flags, "--max-steps", max_steps)
+        assert result.returncode == 0, result.stderr
+
+    fields = (*STEP_FIELDS, "bad_images")
+    intervals = records(run_dir, "interval", fields)
+    assert [record[0] for record in intervals] == [5, 10, 15]
+    assert intervals == records(tmp_path / "reference", "interval", fields)
+
+
 def test_torchrun_resume_after_sigterm_stops_at_max_steps_exactly(tiny_set, tmp_path):
-    """Two processes, 6 steps an epoch (13 images each, in batches of 2): SIGTERM to rank 1 alone at step 4, then
-    --max-steps 8 stops at step 8, not at the epoch's end (step 12), and every step's loss is the uninterrupted
-    run's."""
+    """Two processes, 6 steps an epoch (13 images each, in batches of 2): SIGTERM to rank 1 alone at step 3, then
+    --max-steps 8 stops at step 8, not at the epoch's end (step 12), and every record (one each 2 steps, the one
+    at step 4 spanning the stop) is the uninterrupted run's."""
     script = tmp_path / "train_with_sigterm.py"
     script.write_text(SIGTERM_DURING_STEP)
-    env = {**TRAIN_ENV, "PYTHONPATH": str(ROOT), "SIGTERM_AT_STEP": "4", "SIGTERM_RANK": "1"}
+    env = {**TRAIN_ENV, "PYTHONPATH": str(ROOT), "SIGTERM_AT_STEP": "3", "SIGTERM_RANK": "1"}
 
     def torchrun(program, run_dir, *args):
-        flags = ("--data", tiny_set, "--run-dir", run_dir, "--workers", "1", *TINY_RUN, "--batch-size", "2", *args)
-        result = run_torchrun(program, *flags, env=env)
+        flags = ("--data", tiny_set, "--run-dir", run_dir, "--workers", "1", *TINY_RUN, "--batch-size", "2")
+        result = run_torchrun(program, *flags, "--log-interval", "2", *args, env=env)
         assert result.returncode == 0, result.stderr[-3000:]
         return result
 
     run_dir = tmp_path / "run"
     first = torchrun(script, run_dir)
-    assert checkpoint_steps(run_dir) == [4]
+    assert checkpoint_steps(run_dir) == [3]
     resumed = torchrun(TRAIN_SCRIPT, run_dir, "--max-steps", "8")
     assert stop_message("--max-steps 8", 8) in resumed.stdout, resumed.stdout[-1500:]
-    assert checkpoint_steps(run_dir) == [4, 6, 8]
+    assert checkpoint_steps(run_dir) == [3, 6, 8]
     # Rank 0, which prints, got no signal itself: the vote stopped it (it said "stopped by --max-steps None").
-    assert stop_message("a signal to another process", 4) in first.stdout, first.stdout[-1500:]
+    assert stop_message("a signal to another process", 3) in first.stdout, first.stdout[-1500:]
 
     torchrun(TRAIN_SCRIPT, tmp_path / "reference", "--max-steps", "8")
     intervals = read_metrics(run_dir, "interval")
-    assert [record["step"] for record in intervals] == list(range(1, 9))
+    assert [record["step"] for record in intervals] == [2, 4, 6, 8]
     reference = read_metrics(tmp_path / "reference", "interval")
-    assert [(r["loss"], r["lr"]) for r in intervals] == [(r["loss"], r["lr"]) for r in reference]
+    assert [(r["loss"], r["accuracy"], r["lr"]) for r in intervals] == [
+        (r["loss"], r["accuracy"], r["lr"]) for r in reference
+    ]
     # Epoch 0's summary covers its 6 steps, the 4 before the resume too, each process's sums restored as they were.
     summary = records(run_dir, "epoch", EPOCH_FIELDS)
     assert summary == records(tmp_path / "reference", "epoch", EPOCH_FIELDS) and len(summary) == 1
@@ -241,9 +261,9 @@ def watched_run(batches, interruption=None):
         signal_if_at("step", step)
         return saved["train_step"](training, images, labels, meters)
 
-    def evaluate(training, val_loader, processes):
+    def evaluate(*args):
         signal_if_at("validation", position.epoch)
-        return saved["evaluate"](training, val_loader, processes)
+        return saved["evaluate"](*args)
 
     train.train_one_epoch, train.train_step, train.evaluate = train_one_epoch, train_step, evaluate
     torch.set_num_threads(1)
@@ -302,8 +322,9 @@ def assert_same_state(state, expected, where):
 def checkpoint_state(run_dir, step):
     state = torch.load(Path(run_dir) / f"checkpoint-{step:08d}.pt", weights_only=True)
     del state["config"]  # the flags: --run-dir, --max-steps, --checkpoint-minutes differ
-    if state["epoch_sums"] is not None:  # mid-epoch: the sums, not the timings (data wait, seconds) of the run
-        state["epoch_sums"] = state["epoch_sums"][:, :4]
+    for sums in ("epoch_sums", "interval_sums"):
+        if state[sums] is not None:  # mid-epoch: the sums, not the timings (data wait, seconds) of the run
+            state[sums] = state[sums][:, :4]
     return state
 
 

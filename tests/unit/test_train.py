@@ -146,23 +146,36 @@ def test_a_stale_temporary_checkpoint_is_not_resumed_from(sample_set, tmp_path):
     assert not (run_dir / ".checkpoint-77.tmp").exists()
 
 
+def truncate(paths):
+    for path in paths:
+        path.write_bytes(path.read_bytes()[:300])
+
+
+def validation_files(data_dir, count):
+    """The first `count` validation images: with validation dealt round-robin, image r goes to rank r."""
+    _, _, val_index = splits.load_splits(str(data_dir), config.DEFAULTS.val_fraction, config.DEFAULTS.seed)
+    return [Path(val_index.path(position)) for position in range(count)]
+
+
 def test_too_many_unreadable_images_stop_the_run_naming_them(sample_set, tmp_path):
     data_dir = tmp_path / "data"
     shutil.copytree(sample_set, data_dir)
     broken = sorted((data_dir / "train" / "class_02").glob("*.JPEG"))[:3]
-    for path in broken:
-        path.write_bytes(path.read_bytes()[:300])  # truncated
+    broken_val = validation_files(data_dir, 2)
+    truncate(broken + broken_val)
     run_flags = ("--data", data_dir, "--epochs", "1", "--workers", "2", *QUICK_RUN)
 
     tolerated = run_train(*run_flags, "--run-dir", tmp_path / "tolerated", "--max-bad-images", "3")
     assert tolerated.returncode == 0, tolerated.stderr
     epoch_record = read_metrics(tmp_path / "tolerated", "epoch")[0]
     assert epoch_record["bad_images"] == 3 and "bad images 3" in tolerated.stdout
-    # Named with the reason: the first few in the log, every one in bad_images.txt.
+    assert epoch_record["val_bad_images"] == 2
+    # Named with the reason, in both splits: the first few in the log, every one in bad_images.txt.
     assert "epoch 0: skipped 3 unreadable images: " in tolerated.stdout
-    assert all(f"{path} (" in tolerated.stdout for path in broken)
+    assert "epoch 0's validation: skipped 2 unreadable images: " in tolerated.stdout
+    assert all(f"{path} (" in tolerated.stdout for path in broken + broken_val)
     listed = (tmp_path / "tolerated" / "bad_images.txt").read_text().splitlines()
-    assert sorted(line.split("\t")[0] for line in listed) == sorted(str(path) for path in broken)
+    assert sorted(line.split("\t")[0] for line in listed) == sorted(str(path) for path in broken + broken_val)
     assert all("truncated" in line.split("\t")[1] or "OSError" in line.split("\t")[1] for line in listed)
 
     # Logged at no step of the epoch: the epoch's end finds them, and names them once.
@@ -171,6 +184,16 @@ def test_too_many_unreadable_images_stop_the_run_naming_them(sample_set, tmp_pat
     assert stopped.stdout.count("unreadable images: ") == 1, stopped.stdout
     assert "more than --max-bad-images 2" in stopped.stderr and "Traceback" not in stopped.stderr
     assert any(path.name in stopped.stderr for path in broken)
+
+
+def test_a_finished_run_started_again_adds_no_record(sample_set, tmp_path):
+    # Issue 44: each start of a finished run added a loader_plan record to metrics.jsonl.
+    flags = ("--data", sample_set, "--run-dir", tmp_path / "run", "--max-steps", "1", "--workers", "0", *QUICK_RUN)
+    assert run_train(*flags).returncode == 0
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    again = run_train(*flags)
+    assert again.returncode == 0 and "nothing to do: the run had already reached --max-steps 1" in again.stdout
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
 
 
 def test_loader_only_reports_images_per_second(sample_set, tmp_path):
@@ -196,12 +219,14 @@ def one_training_file_per_rank(data_dir, world_size):
 
 
 def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_path):
-    """Rank 0 writes the run directory, and names every process's unreadable files in bad_images.txt."""
+    """Rank 0 writes the run directory, and names every process's unreadable files, training and validation, in
+    bad_images.txt."""
     data_dir, run_dir = tmp_path / "data", tmp_path / "run"
     shutil.copytree(sample_set, data_dir)
-    broken = one_training_file_per_rank(data_dir, world_size=2)
-    for path in broken:
-        path.write_bytes(path.read_bytes()[:300])  # truncated
+    broken_train = one_training_file_per_rank(data_dir, world_size=2)
+    broken_val = validation_files(data_dir, 2)  # one in each process's share
+    broken = broken_train + broken_val
+    truncate(broken)
     train_flags = ["--data", data_dir, "--run-dir", run_dir, "--epochs", "2", "--workers", "1"]
     result = run_torchrun(TRAIN_SCRIPT, *train_flags, *QUICK_RUN)
 
@@ -211,6 +236,8 @@ def test_torchrun_two_processes_train_and_only_rank_0_writes(sample_set, tmp_pat
     steps = [record["step"] for record in read_metrics(run_dir, "interval")]
     assert steps == list(range(1, 7))  # 96 images / 2 processes / 16 per batch = 3 steps an epoch, logged once
     assert [record["bad_images"] for record in read_metrics(run_dir, "epoch")] == [2, 2]
+    assert [record["val_bad_images"] for record in read_metrics(run_dir, "epoch")] == [2, 2]
+    assert "epoch 1's validation: skipped 2 unreadable images: " in result.stdout
     assert len(re.findall(r"^epoch \d step \d \|", result.stdout, re.MULTILINE)) == 6
     assert checkpoint_names(run_dir) == ["checkpoint-00000003.pt", "checkpoint-00000006.pt"]
     listed = (run_dir / "bad_images.txt").read_text().splitlines()

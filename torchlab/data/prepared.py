@@ -223,6 +223,13 @@ class PreparedIndex:
         )
 
 
+def unreadable_paths(root):
+    """The original paths of a finished copy's images that could not be read, stored empty (reading one counts it
+    bad, as reading the original does)."""
+    _, *indexes = open_prepared(root)
+    return [index.path(p) for index in indexes for p in np.flatnonzero(index.ends == index.starts).tolist()]
+
+
 def open_prepared(root):
     """(class_names, train PreparedIndex, val PreparedIndex) of a finished copy. Raises folder.DataError."""
     index_path = os.path.join(root, INDEX_FILE)

@@ -2,7 +2,7 @@
 faster; a rerun finishes an interrupted one."""
 
 from torchlab import io, machine, parsing
-from torchlab.data import folder, prepared
+from torchlab.data import decode, folder, prepared
 
 jpeg_quality = parsing.number(int, 1, at_most=100)
 
@@ -37,9 +37,13 @@ def main(argv=None, prog="torchlab prepare"):
             args.seed,
             processes=machine.usable_cpu_count(),
         )
+        unreadable = prepared.unreadable_paths(args.out_dir)
     except folder.DataError as error:
         io.exit_with_error(prog, error)
     print(f"{'wrote' if written else 'already complete:'} {args.out_dir}")
+    if unreadable:  # kept as samples, as train.py would meet them in the source: it skips and names each
+        named = ", ".join(unreadable[: decode.UNREADABLE_EXAMPLES])
+        print(f"{len(unreadable)} unreadable images kept as empty samples (train.py skips and names them): {named}")
 
 
 if __name__ == "__main__":
