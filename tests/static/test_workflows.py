@@ -337,3 +337,30 @@ def test_the_release_and_ci_schedules_rebuild_weekly():
     ci_run = next(s for s in load("ci.yml")["jobs"]["test"]["steps"] if s.get("name") == "bash .ci/run")
     ci_flags = ci_run["env"]["TORCHLAB_BUILD_FLAGS"]
     assert "github.event_name != 'schedule' && format('--cache-from" in ci_flags
+
+
+def run_version_step(repository, event, ref_name=""):
+    """The release's `version` job's script, run in `repository`: (exit code, its outputs, its notices)."""
+    script = next(s["run"] for s in load("release.yml")["jobs"]["version"]["steps"] if s.get("id") == "find")
+    outputs = repository / "outputs"
+    outputs.write_text("")
+    env = {**os.environ, "EVENT": event, "GITHUB_REF_NAME": ref_name, "GITHUB_OUTPUT": str(outputs)}
+    result = subprocess.run(["bash", "-e", "-c", script], cwd=repository, env=env, capture_output=True, text=True, check=False)
+    return result.returncode, outputs.read_text(), result.stdout
+
+
+def test_the_weekly_release_without_a_version_tag_ends_cleanly_and_runs_no_release(tmp_path):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "first"], check=True)
+
+    assert run_version_step(tmp_path, "schedule") == (
+        0,
+        "",
+        "::notice::release: no version tag (v*.*.*) yet: nothing to rebuild\n",
+    )
+    assert load("release.yml")["jobs"]["release"]["if"] == "needs.version.outputs.tag != ''"
+    for tag in ("v0.1.0", "v0.10.0", "v0.9.2"):
+        subprocess.run([*git, "tag", tag], check=True)
+    assert run_version_step(tmp_path, "schedule")[:2] == (0, "tag=v0.10.0\n")
+    assert run_version_step(tmp_path, "push", "v0.9.2")[:2] == (0, "tag=v0.9.2\n")
