@@ -345,7 +345,8 @@ def run_version_step(repository, event, ref_name=""):
     outputs = repository / "outputs"
     outputs.write_text("")
     env = {**os.environ, "EVENT": event, "GITHUB_REF_NAME": ref_name, "GITHUB_OUTPUT": str(outputs)}
-    result = subprocess.run(["bash", "-e", "-c", script], cwd=repository, env=env, capture_output=True, text=True, check=False)
+    command = ["bash", "-e", "-c", script]
+    result = subprocess.run(command, cwd=repository, env=env, capture_output=True, text=True, check=False)
     return result.returncode, outputs.read_text(), result.stdout
 
 
