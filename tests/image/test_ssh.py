@@ -1,15 +1,18 @@
 """SSH from the host with the OpenSSH client: keys only, the env on PATH, what people do over SSH."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from helpers.docker import wait_for
+from buildtools import envspec  # the repository root is on pytest's pythonpath (pyproject.toml)
+from helpers.docker import image_env, wait_for
 from helpers.host import require_tool
 from helpers.jupyter import TOKEN, http_status
 from helpers.ports import reserved_port
 from helpers.ssh import SSH_OPTIONS, new_key_pair, ssh
 
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON_CHECK = "import torch, sys; print(sys.version.split()[0], sys.executable, torch.__version__)"
 
 
@@ -17,7 +20,8 @@ def test_key_login_runs_python_in_the_env(services, ssh_key):
     # `ssh host CMD`: a non-login, non-interactive shell that reads no profile.
     out = ssh(services, ssh_key[0], f"python -c '{PYTHON_CHECK}'").stdout.split()
     assert out[1] == "/opt/env/bin/python"
-    assert out[2].startswith("2.5.1")
+    pins = envspec.pypi_pins(ROOT / "environment.yml", image_env()["TORCHLAB_FLAVOUR"])
+    assert out[2].split("+")[0] == pins["torch"]
 
 
 @pytest.mark.parametrize("shell", ["bash -lc", "bash -ic", "bash -lic"])
