@@ -3,6 +3,7 @@ fake PATH and probes pointed at closed or answering ports on 127.0.0.1; and `mak
 
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -393,7 +394,9 @@ def test_the_image_is_built_when_absent_or_older_than_its_sources(host, created,
 
 def make_dry_run(host, target, images, *variables, image="torchlab-test"):
     host.docker(buildx="yes", images=images)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    # Nor the Makefile's own variables: `make test-static DOCKER=...` exports DOCKER to this test.
+    makefile_variables = set(re.findall(r"^([A-Z_]+) \?=", (ROOT / "Makefile").read_text(), flags=re.M))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS")) and k not in makefile_variables}
     env |= {
         "PATH": ":".join(map(str, host.path[1:])) + ":" + env["PATH"],
         "TORCHLAB_PROBE_REGISTRY": closed_url(),
