@@ -13,7 +13,8 @@ data/               folder (the ImageFolder index), decode (crop, resize, ImageD
                     copy), splits (open either)
 pipeline/           plan (the loader plan: flags, autotune's setting, machine, data -> what the loader does; the
                     pipeline's defaults), loader (build_loader, BatchToDevice, timed_pass), threads, sampler,
-                    device_decode (the device step), settings (autotune's store), public (create_loader)
+                    device_decode (the device step), settings (autotune's store), public (create_loader), gil (the
+                    GIL model of threads against processes)
 model.py, optim.py  the torchvision model, its weights; the optimiser and schedule
 distributed.py      torchrun's processes
 checkpoint.py       what a checkpoint holds, writing it atomically, restoring it, keeping the newest
@@ -22,7 +23,7 @@ environment.py      the run's environment record (environment.json) and what env
 config.py           train.py's flags: declared once (TrainConfig, as asked, frozen), their defaults, help, checks
 resolve.py          what the flags need from the machine (Setup: device, precision, lr, resume) and the loader plan
 train.py            main(): flags, data, plan, model, run dir, then train_one_epoch / evaluate per epoch
-tools/              commands over the core: doctor, bench (+ bench_data), autotune, gpu_check, prepare,
+tools/              commands over the core: doctor, bench (+ bench_data, bench_gil), autotune, gpu_check, prepare,
                     sample_data, env (export, diff)
 cli.py              the `torchlab COMMAND` table
 jupyter_activity.py the Jupyter server extension that turns live runs into the server's activity
