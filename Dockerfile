@@ -182,6 +182,15 @@ RUN useradd --create-home --shell /bin/bash --uid 1000 --gid 100 --password '*' 
  && chmod 0440 /etc/sudoers.d/secure-path
 
 COPY image/services/sshd_config /etc/ssh/sshd_config
+# OpenSSH 9.8 and later (the current flavour's Debian 13) drop a source's connections for a while after failed
+# logins. Behind Docker's published ports every client arrives from one address, so a stranger's failed logins would
+# lock everyone out, and with keys alone there is nothing to guess: off, where this sshd knows the option.
+RUN key=$(mktemp -u) && ssh-keygen -q -t ed25519 -N '' -f "$key" \
+ && if /usr/sbin/sshd -T -f /etc/ssh/sshd_config -h "$key" -o PerSourcePenalties=no >/dev/null 2>&1; then \
+        printf '%s\n' '# Set at build: one client address behind Docker, keys only (the Dockerfile).' \
+            'PerSourcePenalties no' >>/etc/ssh/sshd_config; \
+    fi \
+ && rm -f "$key" "$key.pub"
 COPY image/services/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
 COPY image/services/profile.sh /etc/profile.d/torchlab.sh
 COPY image/services/healthcheck.sh /usr/local/bin/torchlab-healthcheck
