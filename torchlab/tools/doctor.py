@@ -203,19 +203,26 @@ def check_package(name):
 
 
 # ---------------------------------------------------------------- GPUs
-def nvidia_driver_version():
-    """The NVIDIA driver's version, from nvidia-smi or the kernel module; None when neither says."""
+def nvidia_smi(field):
+    """nvidia-smi's `field` of each GPU (--query-gpu), one word each; [] where nvidia-smi does not answer."""
     try:
         result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=20,
             check=True,
         )
-        return result.stdout.split()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        pass
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return result.stdout.split()
+
+
+def nvidia_driver_version():
+    """The NVIDIA driver's version, from nvidia-smi or the kernel module; None when neither says."""
+    versions = nvidia_smi("driver_version")
+    if versions:
+        return versions[0]
     try:
         with open("/proc/driver/nvidia/version") as version_file:
             words = version_file.readline().split()
@@ -291,15 +298,8 @@ def gpu_capabilities():
     if torch.cuda.is_available():
         return [torch.cuda.get_device_capability(index) for index in range(torch.cuda.device_count())]
     try:
-        result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        )
-        return [flavour.version_pair(line) for line in result.stdout.split()]
-    except (OSError, subprocess.SubprocessError, ValueError):
+        return [flavour.version_pair(word) for word in nvidia_smi("compute_cap")]
+    except ValueError:
         return []
 
 
