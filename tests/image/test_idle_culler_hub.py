@@ -13,7 +13,7 @@ import pytest
 from helpers.docker import docker, wait_for
 from helpers.jupyter import http_status
 from helpers.ssh import SSH_OPTIONS
-from test_jupyterhub import Hub, hub_config, stop_hub
+from test_jupyterhub import Hub, hub_config, tear_down_hub
 
 pytestmark = pytest.mark.slow
 
@@ -67,11 +67,7 @@ def culling_hub(tmp_path, ssh_key):
         wait_for(lambda: http_status(f"{url}/hub/api/") == 200, 60, "JupyterHub's API", hub.logs)
         yield hub
     finally:
-        stop_hub(process, tmp_path)
-        names = docker("ps", "-aq", "--filter", f"name={prefix}", check=False).stdout.split()
-        if names:
-            docker("rm", "-f", "-v", *names, check=False)
-        docker("network", "rm", network, check=False)
+        tear_down_hub(process, tmp_path, prefix, network)
 
 
 def server_running(hub, user):

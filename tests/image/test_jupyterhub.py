@@ -151,11 +151,16 @@ def hub(request, tmp_path_factory):
         wait_for(up, 60, "JupyterHub's API through the proxy", hub.logs)
         yield hub
     finally:
-        stop_hub(process, workdir)
-        names = docker("ps", "-aq", "--filter", f"name={prefix}", check=False).stdout.split()
-        if names:
-            docker("rm", "-f", "-v", *names, check=False)
-        docker("network", "rm", network, check=False)
+        tear_down_hub(process, workdir, prefix, network)
+
+
+def tear_down_hub(process, workdir, prefix, network):
+    """Stop the hub, remove the servers it spawned (named `prefix`...) and its network."""
+    stop_hub(process, workdir)
+    names = docker("ps", "-aq", "--filter", f"name={prefix}", check=False).stdout.split()
+    if names:
+        docker("rm", "-f", "-v", *names, check=False)
+    docker("network", "rm", network, check=False)
 
 
 def stop_hub(process, workdir):
