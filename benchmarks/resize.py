@@ -306,10 +306,7 @@ def run_bench_resize(args, print_line=print):
         "machine": host,
         "resizers": resizer_rows(crops, args.size, args.passes, args.pillow_simd, print_line),
     }
-    json_path = io.write_json_report(args.out_dir, RESULT_FILE, report)
-    for line in report_lines(report):
-        print_line(line)
-    print_line(f"wrote {json_path}")
+    io.write_report(args.out_dir, RESULT_FILE, report, report_lines(report), print_line)
     return report
 
 

@@ -12,7 +12,8 @@ activity.py         a live run's record, which idle cullers see through jupyter_
 data/               folder (the ImageFolder index), decode (crop, resize, ImageDataset), prepared (the packed
                     copy), splits (open either)
 pipeline/           plan (the loader plan: flags, autotune's setting, machine, data -> what the loader does; the
-                    pipeline's defaults), loader (build_loader, BatchToDevice, timed_pass), threads, sampler,
+                    pipeline's defaults), build (build_input: the plan's loaders and device step), loader
+                    (build_loader, BatchToDevice, timed_pass), threads, sampler,
                     device_decode (the device step), settings (autotune's store), public (create_loader), gil (the
                     GIL model of threads against processes)
 model.py, optim.py  the torchvision model, its weights; the optimiser and schedule

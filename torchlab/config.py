@@ -99,9 +99,9 @@ class TrainConfig:
         "through /dev/shm); processes: DataLoader worker processes, whose batches pass through /dev/shm; auto: "
         "threads where /dev/shm is too small for the workers' batches, else what torchlab autotune saved, else "
         "processes where the decoding spans more CPUs than one process's threads keep busy before the GIL limits "
-        f"them (about {gil.thread_cpu_ceiling():.0f}), else {plan.DEFAULT_BACKEND} (faster on a 2-CPU machine: "
+        f"them (about {gil.thread_cpu_ceiling():.0f}), else {plan.DEFAULT_LOADER} (faster on a 2-CPU machine: "
         "docs/performance.md) (default: auto)",
-        choices=("auto", *plan.BACKENDS),
+        choices=("auto", *plan.LOADERS),
     )
     jpeg_draft: bool = flag(
         None,

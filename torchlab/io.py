@@ -85,12 +85,16 @@ def atomic_write(path, write):
     fsync_directory(directory)
 
 
-def write_json_report(out_dir, name, report):
-    """A benchmark's report as OUT_DIR/NAME (JSON; the folder made when missing), written atomically; its path."""
+def write_report(out_dir, name, report, lines, print_line, beside=()):
+    """A benchmark's report as OUT_DIR/NAME (JSON; the folder made when missing), written atomically; then its
+    `lines` printed, and where it went, with the files `beside` it (a plot). Returns its path."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, name)
     text = json.dumps(report, indent=2).encode()
     atomic_write(path, lambda report_file: report_file.write(text))
+    for line in lines:
+        print_line(line)
+    print_line(f"wrote {' and '.join([path, *beside])}")
     return path
 
 

@@ -23,11 +23,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torchlab import activity, config, distributed, environment, io, metrics, model, optim, resolve
 from torchlab.checkpoint import CheckpointManager, CheckpointReadError, CheckpointWriteError, Position
 from torchlab.data import decode, folder, splits
-from torchlab.pipeline import device_decode, loader, plan, sampler
+from torchlab.pipeline import build, loader, plan, sampler
 
 BAD_IMAGES_FILE = "bad_images.txt"  # in the run directory: every unreadable file of the run, with the reason
 TRAINING_FAILURE_STATUS = 1
-LOADER_UNITS = {"threads": "decode threads", "processes": "workers"}
 
 
 class TooManyBadImages(RuntimeError):
@@ -155,7 +154,7 @@ class Training:
 
 def build_training(cfg, setup, network, steps_per_epoch, to_device, processes):
     """The Training of `network` for cfg's flags as `setup` (resolve.Setup) resolved them; `to_device` is the
-    batches' way to the device (device_decode.make_device_step for the loader plan's decoder)."""
+    batches' way to the device (build.build_input's for the loader plan's decoder)."""
     device = to_device.device
     network.to(device, memory_format=torch.channels_last)
     optimizer = optim.build_optimizer(network.parameters(), cfg.optimizer, setup.lr, cfg.momentum, cfg.weight_decay)
@@ -356,9 +355,9 @@ def measure_loader(train_loader, used, cfg, to_device, processes, log, stop):
     images = int(distributed.sum_over_processes(torch.tensor([timing.images], device=device), processes).item())
     rate = images / timing.seconds
     record = {"kind": "loader_only", "epoch": 0, "step": timing.batches, "images": images}
-    record.update(loader=used.backend, workers=used.workers, decode=used.decode)
+    record.update(loader=used.loader, workers=used.workers, decode=used.decode)
     log.write({**record, "images_per_sec": rate, "wait_seconds": timing.wait_seconds})
-    what = "decoded in the loop" if used.workers == 0 else f"{used.workers} {LOADER_UNITS[used.backend]}"
+    what = "decoded in the loop" if used.workers == 0 else f"{used.workers} {plan.UNITS[used.loader]}"
     log.print(f"loader-only: {rate:.1f} images/s over {images} images ({what}, --decode {used.decode})")
 
 
@@ -412,22 +411,18 @@ def checked_inputs(cfg, processes):
     return class_names, train_index, val_index, network
 
 
-def make_loaders(cfg, used, train_index, val_index, device, processes):
-    """The training and validation (None without validation images) loaders, as the loader plan `used` says.
+def make_input(cfg, used, train_index, val_index, device, processes):
+    """The training and validation loaders and the device step (build.Input), as the loader plan `used` says.
     Raises ConfigError where the training images make no full batch."""
-
-    def make_loader(index, train):
-        dataset = device_decode.make_dataset(used.decode, index, cfg.image_size, train, used.seed, used.jpeg_draft)
-        return loader.build_loader(dataset, used, device, train, rank=processes.rank, world_size=processes.world_size)
-
     share = sampler.EpochSampler(len(train_index), True, cfg.seed, processes.rank, processes.world_size)
     if share.samples_per_epoch() < cfg.batch_size:
         raise config.ConfigError(
             f"{len(train_index)} training images make no full batch of --batch-size {cfg.batch_size} "
             f"in each of {processes.world_size} processes"
         )
-    train_loader = make_loader(train_index, train=True)
-    return train_loader, make_loader(val_index, train=False) if len(val_index) > 0 else None
+    return build.build_input(
+        used, cfg.image_size, device, train_index, val_index, rank=processes.rank, world_size=processes.world_size
+    )
 
 
 def main(argv=None, prog=config.PROG):
@@ -441,13 +436,12 @@ def main(argv=None, prog=config.PROG):
         torch.manual_seed(cfg.seed)
         class_names, train_index, val_index, network = checked_inputs(cfg, processes)
         used = resolve.loader_plan(cfg, setup.device, train_index, processes.local_world_size)
-        train_loader, val_loader = make_loaders(cfg, used, train_index, val_index, device, processes)
+        train_loader, val_loader, to_device = make_input(cfg, used, train_index, val_index, device, processes)
     except (config.ConfigError, folder.DataError, model.WeightsError, plan.PlanError) as error:
         io.exit_with_error(prog, error)
 
     processes = distributed.start(processes, device)
     record = run_record(cfg, setup, used, processes.world_size, class_names)
-    to_device = device_decode.make_device_step(used.decode, device, cfg.image_size)
     try:  # before config.json is written: a --resume checkpoint of another model leaves the run dir as it was
         steps_per_epoch = loader.batches_per_epoch(train_loader)
         if not cfg.loader_only:

@@ -47,12 +47,21 @@ def signal_handlers_restored():
         signal.signal(number, handler)
 
 
-def given_plan(backend="processes", workers=0, prefetch_factor=2, batch_size=64, **fields):
+def given_plan(loader="processes", workers=0, prefetch_factor=2, batch_size=64, **fields):
     """A loader plan given outright, as plan.plan could answer it (--decode cpu, pinning off), for tests of the
     loader itself."""
     from torchlab.pipeline import plan
 
-    return plan.LoaderPlan(backend, workers, prefetch_factor, "cpu", True, False, batch_size, **fields)
+    return plan.LoaderPlan(
+        loader=loader,
+        workers=workers,
+        prefetch_factor=prefetch_factor,
+        decode="cpu",
+        jpeg_draft=True,
+        pin_memory=False,
+        batch_size=batch_size,
+        **fields,
+    )
 
 
 def torchlab_command(command, *args):

@@ -38,16 +38,16 @@ def test_the_plan_lowers_prefetch_to_a_small_shm_and_the_loader_runs_as_planned(
     _, train_index, _ = splits.load_splits(str(sample_set), 0.1, 0)
     dataset = decode.ImageDataset(train_index, image_size=32, train=True, seed=0)
     batch = loader.batch_bytes(8, 32)
-    asked = plan.Asked("processes", 2, 4, batch_size=8, persistent_workers=False)
+    asked = plan.Asked(loader="processes", workers=2, prefetch_factor=4, batch_size=8, persistent_workers=False)
 
-    used = plan.plan(asked, None, machine.Machine(2, (2 * 2 + 2) * batch), plan.Data({"cpu": batch}))
+    used = plan.plan(asked, None, machine.Machine(2, (2 * 2 + 2) * batch), plan.Data(batch_bytes={"cpu": batch}))
     assert (used.workers, used.prefetch_factor) == (2, 2) and used.reasons["workers"].startswith("lowered from 2 x 4")
     train_loader = loader.build_loader(dataset, used, torch.device("cpu"), shuffle=True)
     assert (train_loader.num_workers, train_loader.prefetch_factor) == (2, 2)
     assert next(iter(train_loader))[0].shape == (8, 32, 32, 3)  # and it runs
 
     with pytest.raises(plan.SharedMemoryError, match="/dev/shm has 0 MB free"):
-        plan.plan(asked, None, machine.Machine(2, batch), plan.Data({"cpu": batch}))
+        plan.plan(asked, None, machine.Machine(2, batch), plan.Data(batch_bytes={"cpu": batch}))
 
 
 def planned(argv, sample_set):
@@ -117,7 +117,7 @@ def test_the_doctors_shared_memory_row_agrees_with_the_loader(sample_set, monkey
     monkeypatch.setattr(machine, "usable_cpu_count", lambda *args: cpus)
     monkeypatch.setattr(machine, "shared_memory_bytes", lambda *args: (10**12, free_batches * batch))
     report = doctor.run_checks(
-        str(sample_set), batch_size=8, image_size=32, autotune_file=os.devnull, backend="processes"
+        str(sample_set), batch_size=8, image_size=32, autotune_file=os.devnull, loader="processes"
     )
     row = next(check for check in report if check.name == "shared memory")
 
@@ -136,7 +136,7 @@ def test_the_doctors_shared_memory_row_agrees_with_the_loader(sample_set, monkey
         train_loader.num_workers,
         train_loader.prefetch_factor,
     )
-    assert used.workers == min(plan.MAX_AUTO_WORKERS, cpus) or used.reasons["workers"].startswith("lowered")
+    assert used.workers == plan.auto_workers(cpus) or used.reasons["workers"].startswith("lowered")
 
 
 def test_autotune_tries_the_gpu_decoder_only_where_auto_would_pick_it(sample_set):
@@ -177,7 +177,7 @@ def test_autotune_shares_what_is_left_of_its_budget_after_the_start(sample_set, 
     monkeypatch.setattr(machine, "usable_cpu_count", lambda *args: 2)
     given = []
 
-    def measured(dataset, used, device, seconds):
+    def measured(index, image_size, used, device, seconds):
         given.append(seconds)  # what each setting is allowed; the measurement itself is not run
         return float(used.workers)
 
@@ -190,7 +190,7 @@ def test_autotune_shares_what_is_left_of_its_budget_after_the_start(sample_set, 
         assert best is None and given == [] and "nothing saved" in lines[-1]
         return
     assert given and sum(given) <= left + 1e-9 and min(given) >= autotune.MIN_SECONDS_EACH
-    candidates = len(autotune.candidate_settings(2, ("cpu",)))
+    candidates = len(autotune.candidate_settings(2, ("cpu",), flags.batch_size, flags.seed))
     assert len(given) == min(candidates, int(left // autotune.MIN_SECONDS_EACH))
     assert any("not tried within --autotune-seconds 10" in line for line in lines) == (len(given) < candidates)
 

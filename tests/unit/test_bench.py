@@ -52,7 +52,7 @@ def test_every_pipeline_gives_the_same_batch_shape_and_value_range_on_the_device
         max((1 - mean) / std for mean, std in mean_and_std),
     )
     for pipeline in pipelines:
-        images, labels = pipeline.to_device(*next(iter(pipeline.loader))[:2])
+        images, labels = pipeline.to_device(*next(iter(pipeline.data_loader))[:2])
         assert images.shape == (4, 3, 224, 224) and images.dtype == torch.float32, pipeline.name
         assert labels.shape == (4,) and labels.dtype == torch.int64, pipeline.name
         assert lowest - 1e-4 <= images.min() and images.max() <= highest + 1e-4, pipeline.name
@@ -111,8 +111,8 @@ def test_the_ready_rows_read_torchlabs_loaders_without_the_device_step(bench_set
     pipelines, transports = bench.make_pipelines(str(bench_set), str(tmp_path / "prepared"), 4, torch.device("cpu"), 2)
     for name in ("torchlab", "torchlab-prepared"):
         ready = transports[name + bench.READY_SUFFIX]
-        assert ready.loader is pipelines[name].loader
-        images, labels = ready.to_device(*next(iter(ready.loader))[:2])
+        assert ready.data_loader is pipelines[name].data_loader
+        images, labels = ready.to_device(*next(iter(ready.data_loader))[:2])
         assert images.dtype == torch.uint8 and images.shape == (4, 224, 224, 3) and len(labels) == 4
 
 
@@ -135,10 +135,10 @@ def test_a_whole_run_measures_every_row_and_writes_its_report(tmp_path, capsys):
     own = report["pipelines"]["own-create_loader"], report["pipelines"]["own-DataLoader"]
     assert [row["loader"] for row in own] == ["threads", "processes"]  # create_loader's plan; the hand-set one
     assert own[1]["workers"] == report["pipelines"]["classic"]["workers"]  # the seed's settings
-    memory = report["loader_memory"]  # each backend in a fresh process, with as many workers as threads
+    memory = report["loader_memory"]  # each loader in a fresh process, with as many workers as threads
     assert [memory[name]["loader"] for name in ("torchlab", "torchlab-threads")] == ["processes", "threads"]
     assert memory["torchlab"]["workers"] == memory["torchlab-threads"]["workers"] > 0
-    assert all(backend["rss_mb"] > 0 for backend in memory.values())
+    assert all(row["rss_mb"] > 0 for row in memory.values())
     assert all(rate > 0 for rate in report["ceilings"].values()), report["ceilings"]
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
     gil = report["gil"]
@@ -173,8 +173,8 @@ def test_data_without_a_train_folder_is_benchmarked_as_train_py_reads_it(tmp_pat
     prepared.prepare(str(root), str(tmp_path / "prepared"), processes=2)
     pipelines, _ = bench.make_pipelines(str(root), str(tmp_path / "prepared"), 4, torch.device("cpu"), 2)
     for name in ("naive", "classic"):
-        assert len(pipelines[name].loader.dataset) == 8, name
-        images, labels = next(iter(pipelines[name].loader))
+        assert len(pipelines[name].data_loader.dataset) == 8, name
+        images, labels = next(iter(pipelines[name].data_loader))
         assert images.shape == (4, 3, 224, 224), name
 
 

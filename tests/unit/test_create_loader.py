@@ -1,5 +1,5 @@
 """create_loader with the Datasets users write (issues 36 and 37): DataLoader's batches for the same order with
-either backend, or one line refusing; unreadable files skipped, counted and named, as train.py does."""
+either --loader, or one line refusing; unreadable files skipped, counted and named, as train.py does."""
 
 import numpy as np
 import pytest
@@ -58,7 +58,7 @@ class UsersDataset(torch.utils.data.Dataset):
 
 
 def kept(batch):
-    """A batch with its tensors copied: the thread backend's are valid until the next batch only."""
+    """A batch with its tensors copied: the thread loader's are valid until the next batch only."""
     if isinstance(batch, torch.Tensor):
         return batch.clone()
     if isinstance(batch, dict):
@@ -114,7 +114,7 @@ def reference_batches(dataset, batch_size, shuffle, drop_last, epoch):
     batch_size=st.integers(1, 5),
     shuffle=st.booleans(),
     drop_last=st.booleans(),
-    backend_workers=st.sampled_from([("threads", 0), ("threads", 1), ("threads", 3), ("processes", 0)])
+    loader_workers=st.sampled_from([("threads", 0), ("threads", 1), ("threads", 3), ("processes", 0)])
     | st.just(("processes", 2)),
     epoch=st.integers(0, 3),
     odd_one=st.integers(1, 12),
@@ -126,21 +126,21 @@ def reference_batches(dataset, batch_size, shuffle, drop_last, epoch):
     batch_size=4,
     shuffle=True,
     drop_last=False,
-    backend_workers=("threads", 2),
+    loader_workers=("threads", 2),
     epoch=0,
     odd_one=1,
 )
 def test_create_loader_gives_dataloaders_batches_for_the_same_order(
-    kind, length, batch_size, shuffle, drop_last, backend_workers, epoch, odd_one
+    kind, length, batch_size, shuffle, drop_last, loader_workers, epoch, odd_one
 ):
-    backend, workers = backend_workers
+    loader_choice, workers = loader_workers
     dataset = UsersDataset(kind, length, min(odd_one, length - 1))
     as_dataloader_sees = UsersDataset(kind, length, dataset.odd_one, as_dataloader_sees=True)
     expected, positions = reference_batches(as_dataloader_sees, batch_size, shuffle, drop_last, epoch)
     loader = pipeline.create_loader(
-        dataset, batch_size, shuffle, drop_last, backend=backend, workers=workers, print_plan=None
+        dataset, batch_size, shuffle, drop_last, loader=loader_choice, workers=workers, print_plan=None
     )
-    assert loader.plan.backend == backend
+    assert loader.plan.loader == loader_choice
     loader.sampler.set_epoch(epoch)
     # Where DataLoader cannot stack a batch, create_loader refuses too; it also refuses a sample of another size
     # than dataset[0]'s in a batch of its own (its batch buffers have dataset[0]'s shapes): one line, naming it.
@@ -217,18 +217,18 @@ def photos(tmp_path_factory):
     return paths
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
+@pytest.mark.parametrize("loader_choice", ["threads", "processes"])
 @pytest.mark.parametrize(
     ("make_bad", "why"),
     [(empty_file, "not an image Pillow can read"), (truncated_jpeg, "OSError: "), (text_file, "not an image Pillow")],
 )
-def test_an_unreadable_file_is_skipped_counted_and_named_once(photos, tmp_path, backend, make_bad, why):
+def test_an_unreadable_file_is_skipped_counted_and_named_once(photos, tmp_path, loader_choice, make_bad, why):
     bad = tmp_path / "bad.jpg"
     make_bad(bad)
     paths = [*photos[:3], bad, *photos[3:]]
     lines = []
     loader = pipeline.create_loader(
-        PhotoDataset(paths), batch_size=3, shuffle=False, backend=backend, workers=2, print_plan=lines.append
+        PhotoDataset(paths), batch_size=3, shuffle=False, loader=loader_choice, workers=2, print_plan=lines.append
     )
     for epoch in range(2):
         loader.sampler.set_epoch(epoch)
@@ -248,12 +248,12 @@ def test_an_unreadable_file_is_skipped_counted_and_named_once(photos, tmp_path, 
     assert f"{loader.skipped}" == f"skipped 2 unreadable samples of 1 files: {bad} ({reason})"
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
-def test_on_error_raise_gives_dataloaders_error_back(photos, tmp_path, backend):
+@pytest.mark.parametrize("loader_choice", ["threads", "processes"])
+def test_on_error_raise_gives_dataloaders_error_back(photos, tmp_path, loader_choice):
     bad = tmp_path / "bad.jpg"
     text_file(bad)
     loader = pipeline.create_loader(
-        PhotoDataset([*photos[:2], bad]), 2, backend=backend, workers=1, print_plan=None, on_error="raise"
+        PhotoDataset([*photos[:2], bad]), 2, loader=loader_choice, workers=1, print_plan=None, on_error="raise"
     )
     with pytest.raises(Image.UnidentifiedImageError):
         list(loader)

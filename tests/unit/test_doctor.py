@@ -121,10 +121,10 @@ def test_an_unreadable_sub_folder_fails_with_the_chmod_fix(sample_set, tmp_path)
 # ---------------------------------------------------------------- /dev/shm
 def shm_row(shm, workers, prefetch_factor, batch_size=64, processes=1):
     """The doctor's /dev/shm row for --loader processes with these flags, from the plan train.py makes."""
-    asked = plan.Asked("processes", workers, prefetch_factor, batch_size=batch_size)
+    asked = plan.Asked(loader="processes", workers=workers, prefetch_factor=prefetch_factor, batch_size=batch_size)
     here = machine.Machine(64, None if shm is None else shm[1], processes)
     try:
-        outcome = plan.plan(asked, None, here, plan.Data({"cpu": batch_size * 224 * 224 * 3}))
+        outcome = plan.plan(asked, None, here, plan.Data(batch_bytes={"cpu": batch_size * 224 * 224 * 3}))
     except plan.SharedMemoryError as error:
         outcome = error
     return doctor.check_shared_memory(shm, outcome, processes)
@@ -271,7 +271,7 @@ def test_the_decoder_row_says_where_train_py_decodes(sample_set, tmp_path):
     report = doctor.run_checks(str(sample_set), workers=2, run_dir=str(tmp_path / "run"), autotune_file=os.devnull)
     decoder = next(check for check in report if check.name == "decoder")
     assert (decoder.status, decoder.facts["decode"]) == (doctor.OK, "cpu")
-    assert decoder.detail == "cpu: the 2 loader workers decode: no CUDA device"
+    assert decoder.detail == "cpu: decoded by the 2 decode threads: no CUDA device"
 
     asked_gpu = doctor.run_checks(str(sample_set), run_dir=str(tmp_path / "run"), decoder="gpu")
     decoder = next(check for check in asked_gpu if check.name == "decoder")
@@ -292,7 +292,7 @@ def test_the_shared_memory_row_sizes_batches_as_the_loader_does_with_decode_gpu(
         image_size=32,
         run_dir=str(tmp_path / "run"),
         decoder="gpu",
-        backend="processes",
+        loader="processes",
     )
     shm = next(check for check in report if check.name == "shared memory")
     _, train_index, _ = splits.load_splits(str(sample_set), config.DEFAULTS.val_fraction, config.DEFAULTS.seed)
@@ -338,8 +338,8 @@ def test_run_checks_takes_train_py_defaults(tmp_path):
     assert {"data", "shared memory", "cpus", "decoder", "run dir"} <= set(names)
     shm = next(check for check in report if check.name == "shared memory")
     # train.py's default loader decodes in threads: nothing goes through /dev/shm
-    assert shm.facts == {"workers": AUTO_WORKERS, "backend": "threads"} and shm.status == doctor.OK
-    report = doctor.run_checks(data_dir=str(tmp_path / "missing"), run_dir=str(tmp_path / "run"), backend="processes")
+    assert shm.facts == {"workers": AUTO_WORKERS, "loader": "threads"} and shm.status == doctor.OK
+    report = doctor.run_checks(data_dir=str(tmp_path / "missing"), run_dir=str(tmp_path / "run"), loader="processes")
     shm = next(check for check in report if check.name == "shared memory")
     assert shm.facts["workers"] == AUTO_WORKERS
     # train.py's prefetch 4, batch 64, and the two batches its main process holds
@@ -395,5 +395,5 @@ def test_autotuned_workers_are_shown_as_such_not_flagged():
     usable = machine.usable_cpu_count()
     check = doctor.check_cpus(workers=usable + 1, tuned="autotuned (saved 2025-01-02, for these flags)")
     assert check.status == doctor.OK and not check.fix
-    assert f"autotuned: {usable + 1} loader workers (saved 2025-01-02, for these flags)" in check.detail
+    assert f"autotuned: {usable + 1} worker processes (saved 2025-01-02, for these flags)" in check.detail
     assert "more than CPUs, and faster so" in check.detail

@@ -29,7 +29,9 @@ def test_the_dry_run_reports_every_figure(tmp_path):
     assert all(rate > 0 for rate in report["decode"].values())
     counts = sorted({1, 2, 4, 8, machine.usable_cpu_count()} & set(range(1, machine.usable_cpu_count() + 1)))
     assert set(report["scaling"]) == {
-        f"{backend} --decode {decoder}" for backend in ("threads", "processes") for decoder in ("cpu", "gpu")
+        f"{loader_choice} --decode {decoder}"
+        for loader_choice in ("threads", "processes")
+        for decoder in ("cpu", "gpu")
     }
     assert all(list(map(int, rates)) == counts and min(rates.values()) > 0 for rates in report["scaling"].values())
     # The GIL model's prediction beside them, from the one-thread rate: equal at one CPU, never threads above.

@@ -231,7 +231,7 @@ def test_thread_loader_counts_batches_as_the_dataloader_does():
         whole = list(data_loader)
         reference = loader.build_loader(
             KeyDataset(103),
-            dataclasses.replace(settings, backend="processes", workers=0),
+            dataclasses.replace(settings, loader="processes", workers=0),
             torch.device("cpu"),
             train,
             rank,
@@ -336,9 +336,9 @@ def test_create_loader_gives_a_users_dataset_the_planned_loader(sample_set):
     _, train_index, _ = splits.load_splits(str(sample_set), val_fraction=0.1, seed=0)
     dataset = PhotoDataset([train_index.path(position) for position in range(20)])
     lines = []
-    in_threads = pipeline.create_loader(dataset, batch_size=8, backend="threads", workers=2, print_plan=lines.append)
-    in_processes = pipeline.create_loader(dataset, batch_size=8, backend="processes", workers=2, print_plan=None)
-    assert lines == [f"torchlab loader: {in_threads.plan.describe()}"] and in_threads.plan.backend == "threads"
+    in_threads = pipeline.create_loader(dataset, batch_size=8, loader="threads", workers=2, print_plan=lines.append)
+    in_processes = pipeline.create_loader(dataset, batch_size=8, loader="processes", workers=2, print_plan=None)
+    assert lines == [f"torchlab loader: {in_threads.plan.describe()}"] and in_threads.plan.loader == "threads"
     for loaded in (in_threads, in_processes):
         loaded.sampler.set_epoch(3)
     threaded = [(images.clone(), labels.clone()) for images, labels in in_threads]

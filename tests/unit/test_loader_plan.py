@@ -3,12 +3,14 @@ machine (CPUs, /dev/shm, CUDA) and the data into what the loader does, with the 
 it once and records it, beside the flags as asked, in its start line, metrics.jsonl's first record and
 config.json."""
 
+import dataclasses
 import json
+import re
 
 import pytest
 import torch
 
-from conftest import QUICK_RUN
+from conftest import QUICK_RUN, given_plan
 from torchlab import config, machine, resolve, train
 from torchlab.data import decode, splits
 from torchlab.pipeline import device_decode, gil, loader, plan
@@ -20,7 +22,7 @@ BATCH_256 = loader.batch_bytes(256, 224)  # 38.5 MB
 def plan_for(
     tuned=None, shm_free=64 * MB, one_batch=BATCH_256, cpus=2, cuda=False, mostly_jpegs=True, memory=None, **asked
 ):
-    data = plan.Data({"cpu": one_batch, "gpu": one_batch}, mostly_jpegs)
+    data = plan.Data(batch_bytes={"cpu": one_batch, "gpu": one_batch}, mostly_jpegs=mostly_jpegs)
     return plan.plan(plan.Asked(**asked), tuned, machine.Machine(cpus, shm_free, 1, cuda, memory), data)
 
 
@@ -28,8 +30,8 @@ def test_auto_takes_threads_where_dev_shm_cannot_hold_the_workers_batches():
     """Docker's default 64 MB /dev/shm: batch 256 of 224 px does not fit one worker process (it refused to start,
     issue 26); auto then decodes in threads with the CPUs' share of them, and says why."""
     used = plan_for()
-    assert (used.backend, used.workers, used.prefetch_factor) == ("threads", 2, plan.DEFAULT_THREAD_BATCHES_AHEAD)
-    assert "/dev/shm has 64 MB free" in used.reasons["backend"]
+    assert (used.loader, used.workers, used.prefetch_factor) == ("threads", 2, plan.DEFAULT_THREAD_BATCHES_AHEAD)
+    assert "/dev/shm has 64 MB free" in used.reasons["loader"]
     assert "threads" in used.describe() and "/dev/shm" in used.describe()
     with pytest.raises(plan.SharedMemoryError, match="--loader threads"):
         plan_for(loader="processes")
@@ -39,13 +41,13 @@ def test_processes_lowered_to_fit_are_recorded_as_lowered():
     """Batch 128: what --loader processes fits in 64 MB is 1 worker x 1 (0.36-0.56x speed), recorded so: config.json
     said prefetch_factor 4 and the workers asked for (issue 26)."""
     used = plan_for(loader="processes", one_batch=loader.batch_bytes(128, 224))
-    assert (used.backend, used.workers, used.prefetch_factor, used.batches_in_flight) == ("processes", 1, 1, 1)
+    assert (used.loader, used.workers, used.prefetch_factor, used.batches_in_flight) == ("processes", 1, 1, 1)
     assert used.reasons["workers"].startswith("lowered from 2 x 4")
     roomy = plan_for(loader="processes", one_batch=loader.batch_bytes(128, 224), shm_free=1000 * MB)
     assert (roomy.workers, roomy.prefetch_factor, "workers" in roomy.reasons) == (2, 4, True)  # the auto reason
 
 
-def test_a_saved_setting_gives_backend_workers_and_batches_for_workers_auto():
+def test_a_saved_setting_gives_loader_workers_and_batches_for_workers_auto():
     tuned = {
         "loader": "processes",
         "workers": 3,
@@ -54,7 +56,7 @@ def test_a_saved_setting_gives_backend_workers_and_batches_for_workers_auto():
         "tuned_at": "2025-01-02T03:04:05+0000",
     }
     used = plan_for(tuned, shm_free=None)
-    assert (used.backend, used.workers, used.prefetch_factor, used.jpeg_draft, used.autotuned) == (
+    assert (used.loader, used.workers, used.prefetch_factor, used.jpeg_draft, used.autotuned) == (
         "processes",
         3,
         8,
@@ -63,14 +65,14 @@ def test_a_saved_setting_gives_backend_workers_and_batches_for_workers_auto():
     )
     assert used.reasons["workers"] == "autotuned (saved 2025-01-02, for these flags)"
     explicit = plan_for(tuned, shm_free=None, workers=1)
-    assert (explicit.backend, explicit.workers, explicit.autotuned) == (plan.DEFAULT_BACKEND, 1, False)
+    assert (explicit.loader, explicit.workers, explicit.autotuned) == (plan.DEFAULT_LOADER, 1, False)
     old = plan_for({k: v for k, v in tuned.items() if k != "loader"}, shm_free=None)  # saved before threads
-    assert old.backend == "processes"
+    assert old.loader == "processes"
 
 
 def test_workers_0_decodes_in_the_loop():
     used = plan_for(workers=0)
-    assert (used.backend, used.workers, used.batches_in_flight) == ("threads", 0, 0)
+    assert (used.loader, used.workers, used.batches_in_flight) == ("threads", 0, 0)
     assert "decoded in the training loop" in used.describe()
 
 
@@ -81,8 +83,8 @@ def read_jsonl(path):
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        ((), {"backend": "threads", "workers": 2, "prefetch_factor": plan.DEFAULT_THREAD_BATCHES_AHEAD}),
-        (("--loader", "processes"), {"backend": "processes", "workers": 1, "prefetch_factor": 1}),
+        ((), {"loader": "threads", "workers": 2, "prefetch_factor": plan.DEFAULT_THREAD_BATCHES_AHEAD}),
+        (("--loader", "processes"), {"loader": "processes", "workers": 1, "prefetch_factor": 1}),
     ],
 )
 def test_train_records_the_plan_it_used(
@@ -112,8 +114,8 @@ def test_train_records_the_plan_it_used(
         "step": 0,
         **config["loader_plan"],
     }
-    assert first["backend"] == expected["backend"] and first["workers"] == expected["workers"]
-    reason = first["reasons"]["backend" if not flags else "workers"]
+    assert first["loader"] == expected["loader"] and first["workers"] == expected["workers"]
+    reason = first["reasons"]["loader" if not flags else "workers"]
     assert "/dev/shm has 8 MB free" in reason
     fields = {key: value for key, value in first.items() if key in plan.LoaderPlan.__dataclass_fields__}
     assert f"loader: {plan.LoaderPlan(**fields).describe()}" in out
@@ -204,17 +206,15 @@ def test_auto_picks_processes_where_the_gil_caps_threads_below_them_and_says_so(
     beyond = int(ceiling) + 2
     used = plan_for(workers=beyond, cpus=beyond, shm_free=roomy)
     threads, processes = gil.predicted_rates(beyond)
-    assert used.backend == "processes" and threads < processes
-    assert used.reasons["backend"].startswith(
-        f"auto: on {beyond} CPUs of decoding, threads would cap at {threads:,.0f}"
-    )
-    assert plan_for(workers=int(ceiling), cpus=64, shm_free=roomy).backend == "threads"  # within the ceiling
-    assert plan_for(workers=4 * 8, cpus=8, shm_free=roomy).backend == "threads"  # 8 CPUs decode, however many ask
-    assert plan_for(workers=beyond, cpus=beyond, shm_free=64 * MB).backend == "threads"  # no room for processes
-    assert plan_for(workers=beyond, cpus=beyond, shm_free=None).backend == "threads"  # no /dev/shm at all
-    assert plan_for(workers=beyond, cpus=beyond, shm_free=roomy, loader="threads").backend == "threads"
+    assert used.loader == "processes" and threads < processes
+    assert used.reasons["loader"].startswith(f"auto: on {beyond} CPUs of decoding, threads would cap at {threads:,.0f}")
+    assert plan_for(workers=int(ceiling), cpus=64, shm_free=roomy).loader == "threads"  # within the ceiling
+    assert plan_for(workers=4 * 8, cpus=8, shm_free=roomy).loader == "threads"  # 8 CPUs decode, however many ask
+    assert plan_for(workers=beyond, cpus=beyond, shm_free=64 * MB).loader == "threads"  # no room for processes
+    assert plan_for(workers=beyond, cpus=beyond, shm_free=None).loader == "threads"  # no /dev/shm at all
+    assert plan_for(workers=beyond, cpus=beyond, shm_free=roomy, loader="threads").loader == "threads"
     # --workers auto starts at most MAX_AUTO_WORKERS, within the measured ceiling: threads, on any machine.
-    assert ceiling >= plan.MAX_AUTO_WORKERS and plan_for(cpus=128, shm_free=roomy).backend == "threads"
+    assert ceiling >= plan.MAX_AUTO_WORKERS and plan_for(cpus=128, shm_free=roomy).loader == "threads"
 
 
 def test_a_plan_that_cannot_decode_on_the_gpu_reads_no_file(sample_set, monkeypatch):
@@ -226,3 +226,56 @@ def test_a_plan_that_cannot_decode_on_the_gpu_reads_no_file(sample_set, monkeypa
     used = resolve.loader_plan(flags, "cpu", train_index)
     assert (used.decode, reads) == ("cpu", [])
     assert set(device_decode.plan_data(train_index, 32, 8).batch_bytes) == {"cpu", "gpu"} and reads  # gpu: read
+
+
+@pytest.mark.parametrize(
+    ("cpus", "processes", "workers"),
+    [(1, 1, 1), (2, 1, 2), (12, 1, plan.MAX_AUTO_WORKERS), (6, 4, 1), (16, 2, plan.MAX_AUTO_WORKERS), (8, 2, 4)],
+)
+def test_workers_auto_is_one_per_cpu_of_the_process_share_at_least_one_at_most_the_cap(cpus, processes, workers):
+    assert plan.auto_workers(cpus, processes) == workers
+    here = machine.Machine(cpus, None, processes)
+    assert plan.plan(plan.Asked(), None, here, plan.Data(batch_bytes={"cpu": MB})).workers == workers
+
+
+def test_decode_auto_is_gpu_only_on_cuda_with_mostly_jpegs():
+    assert plan.auto_decoder(cuda=True, mostly_jpegs=True) == "gpu"
+    assert plan.auto_decoder(cuda=True, mostly_jpegs=False) == "cpu"
+    assert plan.auto_decoder(cuda=False, mostly_jpegs=True) == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: plan.Asked(loader="backend"), "Asked: loader='backend'; expected one of auto, threads, processes"),
+        (lambda: plan.Asked(workers=-1), "Asked: workers=-1; expected auto or an integer >= 0"),
+        (lambda: plan.Asked(workers=True), "Asked: workers=True; expected auto or an integer >= 0"),
+        (lambda: plan.Asked(prefetch_factor=0), "Asked: prefetch_factor=0; expected None or an integer >= 1"),
+        (lambda: plan.Asked(jpeg_draft=1), "Asked: jpeg_draft=1; expected None, True or False"),
+        (lambda: plan.Asked(decode="tpu"), "Asked: decode='tpu'; expected one of auto, cpu, gpu"),
+        (lambda: plan.Asked(batch_size=0), "Asked: batch_size=0; expected an integer >= 1"),
+        (lambda: plan.Asked(seed=-1), "Asked: seed=-1; expected an integer >= 0"),
+        (lambda: plan.Data(batch_bytes={"gpu": MB}), "Data: batch_bytes={'gpu': 1000000}; expected bytes >= 1"),
+        (lambda: plan.Data(batch_bytes={"cpu": 0}), "Data: batch_bytes={'cpu': 0}; expected bytes >= 1"),
+        (lambda: given_plan(loader="auto"), "LoaderPlan: loader='auto'; expected one of threads, processes"),
+        (lambda: given_plan(workers=-2), "LoaderPlan: workers=-2; expected an integer >= 0"),
+        (lambda: given_plan(prefetch_factor=0), "LoaderPlan: prefetch_factor=0; expected an integer >= 1"),
+        (
+            lambda: dataclasses.replace(given_plan(), decode="auto"),
+            "LoaderPlan: decode='auto'; expected one of cpu, gpu",
+        ),
+        (lambda: given_plan(shm_needed=-1), "LoaderPlan: shm_needed=-1; expected an integer >= 0"),
+    ],
+)
+def test_a_record_with_a_bad_value_is_refused_when_made_naming_the_value_and_what_is_expected(make, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        make()
+
+
+def test_the_records_are_built_by_keyword_only():
+    with pytest.raises(TypeError):
+        plan.Asked("threads")
+    with pytest.raises(TypeError):
+        plan.Data({"cpu": MB})
+    with pytest.raises(TypeError):
+        plan.LoaderPlan("threads", 2, 2, "cpu", True, False)

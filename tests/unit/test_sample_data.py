@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from conftest import torchlab_command
-from torchlab.tools import sample_data
+from torchlab.tools import bench_data, sample_data
 
 
 def digest(folder):
@@ -81,3 +81,22 @@ def test_a_file_where_the_folder_would_go_is_one_line_before_any_work(tmp_path, 
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"torchlab sample-data: error: {tmp_path}/afile is a file, not a folder\n"
     assert [path.name for path in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize(
+    ("main", "flags", "message"),
+    [
+        (sample_data.main, ("--classes", "0"), "argument --classes: expected an integer > 0, got '0'"),
+        (sample_data.main, ("--per-class", "two"), "argument --per-class: expected an integer > 0, got 'two'"),
+        (sample_data.main, ("--val-per-class", "-1"), "argument --val-per-class: expected an integer >= 0, got '-1'"),
+        (sample_data.main, ("--seed", "-1"), "argument --seed: expected an integer >= 0 and < 4294967296, got '-1'"),
+        (bench_data.main, ("--seed", "-1"), "argument --seed: expected an integer >= 0 and < 4294967296, got '-1'"),
+        (bench_data.main, ("--seed", "2**40"), "argument --seed: expected an integer >= 0 and < 4294967296"),
+    ],
+)
+def test_the_generators_refuse_a_bad_count_or_seed_in_one_line(tmp_path, capsys, main, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "out"), *flags], prog="gen")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"gen: error: {message}")
+    assert not (tmp_path / "out").exists()

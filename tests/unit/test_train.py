@@ -80,9 +80,9 @@ def test_a_run_writes_its_scalars_as_tensorboard_events(sample_set, tmp_path):
     ]
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
-def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_path, backend):
-    run_flags = ("--data", sample_set, "--epochs", "3", "--workers", "2", "--loader", backend, *QUICK_RUN)
+@pytest.mark.parametrize("loader_choice", ["threads", "processes"])
+def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_path, loader_choice):
+    run_flags = ("--data", sample_set, "--epochs", "3", "--workers", "2", "--loader", loader_choice, *QUICK_RUN)
     reference = run_train(*run_flags, "--run-dir", tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr
 
@@ -107,14 +107,16 @@ def test_resume_after_sigterm_reproduces_the_uninterrupted_run(sample_set, tmp_p
     assert len(interval_losses(run_dir)) == 18
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
-def test_sighup_is_ignored_and_sigterm_to_the_process_group_stops_with_a_checkpoint(sample_set, tmp_path, backend):
+@pytest.mark.parametrize("loader_choice", ["threads", "processes"])
+def test_sighup_is_ignored_and_sigterm_to_the_process_group_stops_with_a_checkpoint(
+    sample_set, tmp_path, loader_choice
+):
     """With decode threads, the stop must also end every thread: train.py exits (no hang at exit) with them
     busy or waiting for a buffer."""
     run_dir = tmp_path / "run"
     # Its own session, like a login's; the hangup goes to the whole process group, workers included.
     process = start_train(
-        *("--data", sample_set, "--run-dir", run_dir, "--epochs", "3", "--workers", "2", "--loader", backend),
+        *("--data", sample_set, "--run-dir", run_dir, "--epochs", "3", "--workers", "2", "--loader", loader_choice),
         *QUICK_RUN,
         start_new_session=True,
     )

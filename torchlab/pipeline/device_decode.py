@@ -56,9 +56,11 @@ def plan_data(index, image_size, batch_size, decoders=("cpu", "gpu")):
     Only the gpu decoder's figures read files: a run that cannot decode on the GPU reads none here."""
     batch_bytes = {"cpu": loader.batch_bytes(batch_size, image_size)}
     if "gpu" not in decoders:
-        return plan.Data(batch_bytes)
+        return plan.Data(batch_bytes=batch_bytes)
     encoded = EncodedImageDataset(index, image_size, train=True, seed=0, draft=True)
-    return plan.Data({**batch_bytes, "gpu": encoded.batch_bytes(batch_size)}, mostly_jpegs(index))
+    return plan.Data(
+        batch_bytes={**batch_bytes, "gpu": encoded.batch_bytes(batch_size)}, mostly_jpegs=mostly_jpegs(index)
+    )
 
 
 def device_decodable_size(data):
@@ -295,14 +297,3 @@ class DeviceDecoder(loader.BatchToDevice):
         """Positions of the samples dropped since the last call (nothing could decode them)."""
         unreadable, self.unreadable = self.unreadable, []
         return unreadable
-
-
-def make_dataset(decoder, index, image_size, train, seed, draft):
-    """The dataset for a resolved --decode (cpu or gpu): decoded pixels, or encoded files for DeviceDecoder."""
-    dataset_class = EncodedImageDataset if decoder == "gpu" else decode.ImageDataset
-    return dataset_class(index, image_size, train=train, seed=seed, draft=draft)
-
-
-def make_device_step(decoder, device, image_size):
-    """What takes make_dataset's batches to the device, normalised: DeviceDecoder or loader.BatchToDevice."""
-    return DeviceDecoder(device, image_size) if decoder == "gpu" else loader.BatchToDevice(device)

@@ -72,14 +72,14 @@ def worker_form(dataset):
 
 
 def build_loader(dataset, plan, device, shuffle=True, rank=0, world_size=1, drop_last=None):
-    """The loader of `dataset` as `plan` (a plan.LoaderPlan) says: a threads.ThreadLoader (backend "threads") or a
+    """The loader of `dataset` as `plan` (a plan.LoaderPlan) says: a threads.ThreadLoader (--loader threads) or a
     DataLoader of worker processes. Training shuffles and drops the last partial batch; validation neither
     (drop_last None: as shuffle). loader.sampler is the EpochSampler: call loader.sampler.set_epoch(epoch, skip)
     before each pass (batches_per_epoch(loader) counts a whole epoch's batches). The plan has fitted the worker
     processes to /dev/shm already."""
     drop_last = shuffle if drop_last is None else drop_last
     epoch_sampler = sampler.EpochSampler(len(dataset), shuffle, plan.seed, rank, world_size)
-    if plan.backend == "threads":
+    if plan.loader == "threads":
         # In place where the dataset writes samples into their slots; else its own collate (--decode gpu's).
         collate = getattr(dataset, "collate", None)
         if collate is None and not hasattr(dataset, "write_sample"):

@@ -1,7 +1,8 @@
 """The loader plan: plan(asked, tuned, machine, data) turns the loader flags as asked, autotune's saved setting, the
 machine (usable CPUs, /dev/shm, training processes, CUDA) and the data (one batch's bytes, whether it is mostly
 JPEGs) into what the loader does, with the reason for each choice. It is pure and runs once per loader; train.py,
-the doctor, bench, autotune and create_loader all call it, and loader.build_loader takes nothing but its answer.
+the doctor, bench, autotune and create_loader all call it, and build.build_input (loader.build_loader for
+create_loader) takes nothing but its answer.
 A run records the plan as used: its start line, metrics.jsonl's first record, config.json and environment.json.
 
 The pipeline's vocabulary and defaults live here too, so that train.py's flags (config.py) are declared in its
@@ -9,17 +10,18 @@ terms. Nothing here imports torch.
 
 --loader auto: threads wherever /dev/shm is too small for the worker processes' batches; else what torchlab
 autotune saved; else worker processes where the decoding spans more CPUs than one process's threads keep busy
-before the GIL limits them (gil.py's model, from `make bench`'s measurements); else DEFAULT_BACKEND, the one
+before the GIL limits them (gil.py's model, from `make bench`'s measurements); else DEFAULT_LOADER, the one
 `make bench` measured faster on a 2-CPU machine of this kind (decode threads share one process's memory and pass
 nothing through /dev/shm: docs/performance.md gives the figures).
 """
 
 import dataclasses
+import numbers
 
 from torchlab.pipeline import gil
 
-BACKENDS = ("threads", "processes")
-DEFAULT_BACKEND = "threads"
+LOADERS = ("threads", "processes")
+DEFAULT_LOADER = "threads"
 DECODERS = ("auto", "cpu", "gpu")
 DEFAULT_PREFETCH_FACTOR = 4  # batches each worker process loads ahead
 DEFAULT_THREAD_BATCHES_AHEAD = 2  # the thread loader's batches decoded ahead of the one in use
@@ -43,11 +45,28 @@ class SharedMemoryError(PlanError):
     """/dev/shm cannot hold even one worker process's batches: the message says how to fix it."""
 
 
-@dataclasses.dataclass(frozen=True)
+def is_count(value, least=0):
+    """Whether `value` is a whole number (a bool is not one) of at least `least`."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+
+
+def is_optional_bool(value):
+    return value is None or isinstance(value, bool)
+
+
+def check_fields(record, checks):
+    """ValueError in one line naming `record`'s first field whose value fails its check, the value and what is
+    expected; `checks` maps each field to (whether its value is right, what is expected)."""
+    for name, (right, expected) in checks.items():
+        if not right:
+            raise ValueError(f"{type(record).__name__}: {name}={getattr(record, name)!r}; expected {expected}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Asked:
     """The loader flags as given: loader (auto, threads, processes), workers (auto or N), prefetch_factor and
     jpeg_draft (None: not given), decode (auto, cpu, gpu), pin_memory (None: with CUDA), and the batches' size,
-    seed and whether worker processes live across passes."""
+    seed and whether worker processes live across passes. An autotune setting is one with every choice made."""
 
     loader: str = "auto"
     workers: object = "auto"
@@ -59,8 +78,27 @@ class Asked:
     seed: int = 0
     persistent_workers: bool = True
 
+    def __post_init__(self):
+        check_fields(
+            self,
+            {
+                "loader": (self.loader in ("auto", *LOADERS), f"one of auto, {', '.join(LOADERS)}"),
+                "workers": (self.workers == "auto" or is_count(self.workers), "auto or an integer >= 0"),
+                "prefetch_factor": (
+                    self.prefetch_factor is None or is_count(self.prefetch_factor, 1),
+                    "None or an integer >= 1",
+                ),
+                "jpeg_draft": (is_optional_bool(self.jpeg_draft), "None, True or False"),
+                "decode": (self.decode in DECODERS, f"one of {', '.join(DECODERS)}"),
+                "pin_memory": (is_optional_bool(self.pin_memory), "None, True or False"),
+                "batch_size": (is_count(self.batch_size, 1), "an integer >= 1"),
+                "seed": (is_count(self.seed), "an integer >= 0"),
+                "persistent_workers": (isinstance(self.persistent_workers, bool), "True or False"),
+            },
+        )
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Data:
     """What the plan takes of the data: one batch's bytes in /dev/shm for each decoder it may pick (cpu: decoded
     pixels; gpu: the encoded files), and whether most files are JPEGs (--decode auto's gpu needs that)."""
@@ -68,12 +106,27 @@ class Data:
     batch_bytes: dict
     mostly_jpegs: bool = False
 
+    def __post_init__(self):
+        decoders = DECODERS[1:]
+        check_fields(
+            self,
+            {
+                "batch_bytes": (
+                    isinstance(self.batch_bytes, dict)
+                    and "cpu" in self.batch_bytes
+                    and all(name in decoders and is_count(size, 1) for name, size in self.batch_bytes.items()),
+                    f"bytes >= 1 by decoder ({', '.join(decoders)}), cpu's at least",
+                ),
+                "mostly_jpegs": (isinstance(self.mostly_jpegs, bool), "True or False"),
+            },
+        )
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LoaderPlan:
     """What the loader does, and why where it is not simply what was asked (reasons: field -> why)."""
 
-    backend: str
+    loader: str
     workers: int  # decode threads, or worker processes; 0: decoded in the training loop
     prefetch_factor: int  # threads: batches decoded ahead; processes: batches each worker loads ahead
     decode: str
@@ -89,12 +142,33 @@ class LoaderPlan:
     shm_needed: int = 0
     reasons: dict = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        decoders = DECODERS[1:]
+        check_fields(
+            self,
+            {
+                "loader": (self.loader in LOADERS, f"one of {', '.join(LOADERS)}"),
+                "workers": (is_count(self.workers), "an integer >= 0"),
+                "prefetch_factor": (is_count(self.prefetch_factor, 1), "an integer >= 1"),
+                "decode": (self.decode in decoders, f"one of {', '.join(decoders)}"),
+                "jpeg_draft": (isinstance(self.jpeg_draft, bool), "True or False"),
+                "pin_memory": (isinstance(self.pin_memory, bool), "True or False"),
+                "batch_size": (is_count(self.batch_size, 1), "an integer >= 1"),
+                "seed": (is_count(self.seed), "an integer >= 0"),
+                "persistent_workers": (isinstance(self.persistent_workers, bool), "True or False"),
+                "autotuned": (isinstance(self.autotuned, bool), "True or False"),
+                "batch_bytes": (is_count(self.batch_bytes), "an integer >= 0"),
+                "shm_needed": (is_count(self.shm_needed), "an integer >= 0"),
+                "reasons": (isinstance(self.reasons, dict), "a dict of field -> why"),
+            },
+        )
+
     @property
     def batches_in_flight(self):
         """Batches decoded ahead of the one in use: all the threads' together, or workers x prefetch_factor."""
         if self.workers == 0:
             return 0
-        return self.prefetch_factor if self.backend == "threads" else self.workers * self.prefetch_factor
+        return self.prefetch_factor if self.loader == "threads" else self.workers * self.prefetch_factor
 
     def describe(self):
         """The plan in one line, e.g. "threads: 2 decode threads, 2 batches ahead, --decode cpu, JPEG draft on"
@@ -105,12 +179,12 @@ class LoaderPlan:
 
         if self.workers == 0:
             parallel = "decoded in the training loop"
-        elif self.backend == "threads":
+        elif self.loader == "threads":
             parallel = f"{self.workers} decode threads, {self.prefetch_factor} batches ahead"
         else:
             parallel = f"{self.workers} worker processes x {self.prefetch_factor} batches ahead"
         parts = [
-            f"{self.backend}{why('backend')}",
+            f"{self.loader}{why('loader')}",
             f"{parallel}{why('workers')}",
             f"--decode {self.decode}{why('decode')}",
             f"JPEG draft {'on' if self.jpeg_draft else 'off'}",
@@ -122,7 +196,7 @@ class LoaderPlan:
         return {**dataclasses.asdict(self), "batches_in_flight": self.batches_in_flight}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SharedMemoryFit:
     """fit_shared_memory's answer: the /dev/shm bytes the asked settings need (all processes on the machine),
     whether they fit, and the (workers, prefetch_factor) the loader uses, or possible=False when not even one
@@ -135,10 +209,10 @@ class SharedMemoryFit:
     possible: bool
 
 
-def batches_held(backend, workers, prefetch_factor):
+def batches_held(loader, workers, prefetch_factor):
     """Batches a loader holds at once: the thread loader's ring (those ahead and the one in use); worker
     processes' in flight and those the main process holds; or, with no worker processes, the one being made."""
-    if backend == "threads":
+    if loader == "threads":
         return prefetch_factor + 1
     return workers * prefetch_factor + BATCHES_HELD_BY_MAIN if workers > 0 else 1
 
@@ -155,14 +229,18 @@ def fit_shared_memory(workers, prefetch_factor, one_batch_bytes, free_bytes, pro
     is lowered first, then workers. Works in one step for any flag values."""
     needed = shared_memory_needed(workers, prefetch_factor, one_batch_bytes, processes)
     if needed == 0 or (free_bytes is not None and needed <= free_bytes):
-        return SharedMemoryFit(needed, True, workers, prefetch_factor, possible=True)
+        return SharedMemoryFit(
+            needed=needed, fits=True, workers=workers, prefetch_factor=prefetch_factor, possible=True
+        )
     # Batches that may be in flight in each process: what fits, less those its main process holds.
     in_flight = (free_bytes or 0) // processes // one_batch_bytes - BATCHES_HELD_BY_MAIN
     if in_flight >= workers:
-        return SharedMemoryFit(needed, False, workers, in_flight // workers, possible=True)
+        return SharedMemoryFit(
+            needed=needed, fits=False, workers=workers, prefetch_factor=in_flight // workers, possible=True
+        )
     if in_flight >= 1:
-        return SharedMemoryFit(needed, False, in_flight, 1, possible=True)
-    return SharedMemoryFit(needed, False, 0, prefetch_factor, possible=False)
+        return SharedMemoryFit(needed=needed, fits=False, workers=in_flight, prefetch_factor=1, possible=True)
+    return SharedMemoryFit(needed=needed, fits=False, workers=0, prefetch_factor=prefetch_factor, possible=False)
 
 
 def tuned_reason(tuned):
@@ -171,26 +249,37 @@ def tuned_reason(tuned):
     return f"autotuned (saved {saved}, for these flags)"
 
 
-def check_workers(asked_workers, backend, machine):
-    """PlanError where --workers N is more than MAX_WORKERS_PER_CPU allows `backend` on this machine."""
-    most = MAX_WORKERS_PER_CPU[backend] * machine.cpus
+def check_workers(asked_workers, loader, machine):
+    """PlanError where --workers N is more than MAX_WORKERS_PER_CPU allows `loader` on this machine."""
+    most = MAX_WORKERS_PER_CPU[loader] * machine.cpus
     if asked_workers != "auto" and asked_workers > most:
         raise PlanError(
-            f"--workers {asked_workers}: expected at most {most} {UNITS[backend]} ({MAX_WORKERS_PER_CPU[backend]} "
+            f"--workers {asked_workers}: expected at most {most} {UNITS[loader]} ({MAX_WORKERS_PER_CPU[loader]} "
             f"per usable CPU, {machine.cpus} here), or auto"
         )
 
 
+def auto_workers(cpus, processes=1):
+    """--workers auto without a saved setting: one per usable CPU of this process's share (`processes` training
+    processes on the machine), at least one, at most MAX_AUTO_WORKERS."""
+    return min(MAX_AUTO_WORKERS, max(1, cpus // processes))
+
+
+def auto_decoder(cuda, mostly_jpegs):
+    """--decode auto without a saved setting: gpu on CUDA where most files are JPEGs, else cpu."""
+    return "gpu" if cuda and mostly_jpegs else "cpu"
+
+
 def planned_workers(asked_workers, tuned, machine, reasons):
-    """--workers as given, else the saved setting's (`tuned`, None: none), else one per usable CPU of this
-    process's share, at most MAX_AUTO_WORKERS; the reason goes into `reasons` where it was not given."""
+    """--workers as given, else the saved setting's (`tuned`, None: none), else auto_workers; the reason goes
+    into `reasons` where it was not given."""
     if asked_workers != "auto":
         return asked_workers
     if tuned is not None:
         reasons["workers"] = tuned_reason(tuned)
         return tuned["workers"]
     reasons["workers"] = f"auto: {machine.cpus} usable CPUs / {machine.processes} processes"
-    return min(MAX_AUTO_WORKERS, max(1, machine.cpus // machine.processes))
+    return auto_workers(machine.cpus, machine.processes)
 
 
 def decoders_possible(asked_decode, cuda):
@@ -211,7 +300,7 @@ def planned_decode(asked, tuned, machine, data, reasons):
         reasons["decode"] = "auto: no CUDA device"
         return "cpu"
     reasons["decode"] = f"auto: on CUDA, {'most' if data.mostly_jpegs else 'not most'} files are JPEGs"
-    return "gpu" if data.mostly_jpegs else "cpu"
+    return auto_decoder(machine.cuda, data.mostly_jpegs)
 
 
 def no_worker_fits(machine, one_batch_bytes):
@@ -232,13 +321,13 @@ def too_little(machine, workers, prefetch_factor, one_batch_bytes):
     )
 
 
-def planned_prefetch(asked, tuned, backend):
-    """--prefetch-factor as given, else the saved setting's where it timed this backend, else the default."""
+def planned_prefetch(asked, tuned, loader):
+    """--prefetch-factor as given, else the saved setting's where it timed this loader, else the default."""
     if asked.prefetch_factor is not None:
         return asked.prefetch_factor
-    if tuned is not None and tuned.get("loader", "processes") == backend:
+    if tuned is not None and tuned.get("loader", "processes") == loader:
         return tuned["prefetch_factor"]
-    return DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else DEFAULT_PREFETCH_FACTOR
+    return DEFAULT_THREAD_BATCHES_AHEAD if loader == "threads" else DEFAULT_PREFETCH_FACTOR
 
 
 def gil_capped(workers, machine):
@@ -255,29 +344,29 @@ def gil_capped(workers, machine):
     )
 
 
-def planned_backend(asked, tuned, machine, workers, one_batch_bytes, reasons):
+def planned_loader(asked, tuned, machine, workers, one_batch_bytes, reasons):
     """--loader as given; auto: threads for --workers 0 and where /dev/shm cannot hold the worker processes'
     batches, else the saved setting's, else processes where the GIL caps threads below them, else
-    DEFAULT_BACKEND."""
+    DEFAULT_LOADER."""
     if asked.loader != "auto":
         return asked.loader
     if workers == 0:
-        reasons["backend"] = "--workers 0: decoded in the training loop"
+        reasons["loader"] = "--workers 0: decoded in the training loop"
         return "threads"
     prefetch = planned_prefetch(asked, tuned, "processes")
     shm = machine.shm_free
     if shm is not None and not fit_shared_memory(workers, prefetch, one_batch_bytes, shm, machine.processes).fits:
-        reasons["backend"] = f"{too_little(machine, workers, prefetch, one_batch_bytes)}: threads need no /dev/shm"
+        reasons["loader"] = f"{too_little(machine, workers, prefetch, one_batch_bytes)}: threads need no /dev/shm"
         return "threads"
-    if tuned is not None and tuned.get("loader", "processes") in BACKENDS:
-        reasons["backend"] = tuned_reason(tuned)  # a saved setting that names no loader timed worker processes
+    if tuned is not None and tuned.get("loader", "processes") in LOADERS:
+        reasons["loader"] = tuned_reason(tuned)  # a saved setting that names no loader timed worker processes
         return tuned.get("loader", "processes")
     capped = gil_capped(workers, machine) if shm is not None else None
     if capped is not None:
-        reasons["backend"] = capped
+        reasons["loader"] = capped
         return "processes"
-    reasons["backend"] = "auto: faster in make bench on this kind of machine"
-    return DEFAULT_BACKEND
+    reasons["loader"] = "auto: faster in make bench on this kind of machine"
+    return DEFAULT_LOADER
 
 
 def fitted_processes(machine, workers, prefetch_factor, one_batch_bytes, reasons):
@@ -294,15 +383,15 @@ def fitted_processes(machine, workers, prefetch_factor, one_batch_bytes, reasons
     return fitted.workers, fitted.prefetch_factor
 
 
-def check_memory(machine, backend, workers, prefetch_factor, one_batch_bytes, batch_size):
+def check_memory(machine, loader, workers, prefetch_factor, one_batch_bytes, batch_size):
     """PlanError where the batches the loaders of this machine's training processes hold at once need more
     memory than is free: a run that would fail later, or swap, is refused now with what would fit."""
-    free, held = machine.memory_free, batches_held(backend, workers, prefetch_factor)
+    free, held = machine.memory_free, batches_held(loader, workers, prefetch_factor)
     needed = machine.processes * held * one_batch_bytes
     if free is None or needed <= free:
         return
     batches_fit = free // machine.processes // one_batch_bytes
-    most = batches_fit - 1 if backend == "threads" else (batches_fit - BATCHES_HELD_BY_MAIN) // max(1, workers)
+    most = batches_fit - 1 if loader == "threads" else (batches_fit - BATCHES_HELD_BY_MAIN) // max(1, workers)
     expected = f"--prefetch-factor at most {most}" if most >= 1 else "a smaller --batch-size"
     over = f" for {machine.processes} training processes" if machine.processes > 1 else ""
     raise PlanError(
@@ -310,6 +399,13 @@ def check_memory(machine, backend, workers, prefetch_factor, one_batch_bytes, ba
         f"of {one_batch_bytes / MB:.3g} MB at once, {needed / MB:,.0f} MB{over}, more than the {free / MB:,.0f} MB "
         f"of memory free here; expected {expected}"
     )
+
+
+def planned_draft(asked, tuned):
+    """--jpeg-draft as given, else the saved setting's, else on."""
+    if asked.jpeg_draft is not None:
+        return asked.jpeg_draft
+    return tuned["jpeg_draft"] if tuned is not None else True
 
 
 def plan(asked, tuned, machine, data):
@@ -322,30 +418,26 @@ def plan(asked, tuned, machine, data):
     workers = planned_workers(asked.workers, tuned, machine, reasons)
     decode = planned_decode(asked, tuned, machine, data, reasons)
     one_batch_bytes = data.batch_bytes[decode]
-    backend = planned_backend(asked, tuned, machine, workers, one_batch_bytes, reasons)
-    check_workers(asked.workers, backend, machine)
-    prefetch_factor = planned_prefetch(asked, tuned, backend)
+    loader = planned_loader(asked, tuned, machine, workers, one_batch_bytes, reasons)
+    check_workers(asked.workers, loader, machine)
+    prefetch_factor = planned_prefetch(asked, tuned, loader)
     shm_needed = 0
-    if backend == "processes":
+    if loader == "processes":
         shm_needed = shared_memory_needed(workers, prefetch_factor, one_batch_bytes, machine.processes)
         workers, prefetch_factor = fitted_processes(machine, workers, prefetch_factor, one_batch_bytes, reasons)
-    check_memory(machine, backend, workers, prefetch_factor, one_batch_bytes, asked.batch_size)
-    jpeg_draft = asked.jpeg_draft
-    if jpeg_draft is None:
-        jpeg_draft = tuned["jpeg_draft"] if tuned is not None else True
-    pin_memory = machine.cuda if asked.pin_memory is None else asked.pin_memory
+    check_memory(machine, loader, workers, prefetch_factor, one_batch_bytes, asked.batch_size)
     return LoaderPlan(
-        backend,
-        workers,
-        prefetch_factor,
-        decode,
-        jpeg_draft,
-        pin_memory,
-        asked.batch_size,
-        asked.seed,
-        asked.persistent_workers,
-        tuned is not None,
-        one_batch_bytes,
-        shm_needed,
-        reasons,
+        loader=loader,
+        workers=workers,
+        prefetch_factor=prefetch_factor,
+        decode=decode,
+        jpeg_draft=planned_draft(asked, tuned),
+        pin_memory=machine.cuda if asked.pin_memory is None else asked.pin_memory,
+        batch_size=asked.batch_size,
+        seed=asked.seed,
+        persistent_workers=asked.persistent_workers,
+        autotuned=tuned is not None,
+        batch_bytes=one_batch_bytes,
+        shm_needed=shm_needed,
+        reasons=reasons,
     )

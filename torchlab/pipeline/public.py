@@ -37,7 +37,8 @@ from PIL import Image
 
 from torchlab import machine
 from torchlab.data import decode
-from torchlab.pipeline import loader, plan, threads
+from torchlab.pipeline import plan, threads
+from torchlab.pipeline.loader import build_loader
 
 ON_ERROR = ("skip", "raise")
 
@@ -313,7 +314,7 @@ class InPlaceSamples:
         return self.layout.batch(fields)
 
     def for_worker_processes(self):
-        """(dataset, collate) as loader.build_loader's worker processes read these samples."""
+        """(dataset, collate) as build_loader's worker processes read these samples."""
         return KeyedSamples(self.dataset, self.on_error), CollateInWorker(self.layout)
 
 
@@ -364,13 +365,9 @@ class UserLoader:
     def __len__(self):
         return len(self.batches)
 
-    @property
-    def backend(self):
-        return self.plan.backend
-
     def __iter__(self):
         known, count = len(self.skipped.reasons), self.skipped.count
-        for batch in self.batches if self.backend == "threads" else self.from_workers():
+        for batch in self.batches if self.plan.loader == "threads" else self.from_workers():
             if batch is not None:  # a batch whose samples were all unreadable is left out
                 yield batch
         new = list(self.skipped.reasons)[known:]
@@ -405,7 +402,7 @@ def create_loader(
     batch_size,
     shuffle=True,
     drop_last=None,
-    backend="auto",
+    loader="auto",
     workers="auto",
     prefetch_factor=None,
     seed=0,
@@ -414,19 +411,21 @@ def create_loader(
     on_error="skip",
 ):
     """The loader (a UserLoader) of `dataset` (map-style) with the plan train.py would make on this machine for
-    --loader `backend`, --workers `workers` and --prefetch-factor; print_plan(line) is called with the plan and
+    --loader `loader`, --workers `workers` and --prefetch-factor; print_plan(line) is called with the plan and
     with each pass's new unreadable files (None: quiet). Batches: default_collate's of the readable samples.
     on_error: "skip" unreadable files (train.py's way) or "raise" (DataLoader's)."""
     if on_error not in ON_ERROR:
         raise ValueError(f"create_loader: on_error={on_error!r}; expected 'skip' or 'raise'")
     device = torch.device(device)
     layout = SampleLayout(first_readable(dataset, on_error))
-    asked = plan.Asked(backend, workers, prefetch_factor, None, "cpu", batch_size=batch_size, seed=seed)
+    asked = plan.Asked(
+        loader=loader, workers=workers, prefetch_factor=prefetch_factor, decode="cpu", batch_size=batch_size, seed=seed
+    )
     here = machine.probe(cuda=device.type == "cuda")
-    used = plan.plan(asked, None, here, plan.Data({"cpu": batch_size * layout.sample_bytes}))
+    used = plan.plan(asked, None, here, plan.Data(batch_bytes={"cpu": batch_size * layout.sample_bytes}))
     skipped = decode.UnreadableFiles()
     samples = InPlaceSamples(dataset, layout, on_error, skipped)
-    batches = loader.build_loader(samples, used, device, shuffle, drop_last=drop_last)
+    batches = build_loader(samples, used, device, shuffle, drop_last=drop_last)
     if print_plan is not None:
         print_plan(f"torchlab loader: {used.describe()}")
     return UserLoader(batches, used, dataset, skipped, print_plan)

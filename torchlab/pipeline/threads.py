@@ -99,8 +99,6 @@ class ThreadLoader:
     else what collate_fn makes of the samples.
     """
 
-    backend = "threads"
-
     def __init__(
         self,
         dataset,

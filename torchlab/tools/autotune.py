@@ -1,15 +1,14 @@
 """`torchlab autotune`: time loader settings on the real data and device, keep the fastest.
 
 It takes train.py's flags (they say what to tune for), tries --decode x --loader x --workers x
---prefetch-factor x --jpeg-draft within --autotune-seconds in all, each made a loader plan as an explicit
-setting and read through loader.build_loader and the device step exactly as training reads batches, prints a
+--prefetch-factor x --jpeg-draft within --autotune-seconds in all, each setting a plan.Asked with every choice
+made, planned and built (build.build_input) and read exactly as training reads batches, prints a
 table, and saves the fastest to --autotune-file, keyed by the data folder, image size, batch size, device type
 and processes on the machine. A later run with --workers auto and the same key reads it; any other run ignores
 it. Worker-process settings whose batches in flight would not fit in /dev/shm's free space (the plan lowers or
 refuses them) are never tried, so never picked.
 """
 
-import dataclasses
 import os
 import time
 import warnings
@@ -18,12 +17,14 @@ import torch
 
 from torchlab import config, distributed, io, machine, resolve
 from torchlab.data import folder, splits
-from torchlab.pipeline import device_decode, loader, plan, settings
+from torchlab.pipeline import build, device_decode, loader, plan, settings
 
 PREFETCH_FACTORS = (2, 4, 8)
 JPEG_DRAFT_CHOICES = (True, False)
 MIN_SECONDS_EACH = 1.0  # a shorter measurement times little more than the loader's start: fewer settings then
 BUDGET_RESERVE = 0.05  # of --autotune-seconds kept for the table, saving, and the last setting's shut-down
+# What a saved setting holds of the fastest plan, under the plan's (and the flags') names.
+SAVED_FIELDS = ("decode", "loader", "workers", "prefetch_factor", "jpeg_draft")
 
 
 def process_age_seconds():
@@ -38,40 +39,41 @@ def process_age_seconds():
     return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def candidate_settings(usable_cpus, decoders):
-    """(decoder, backend, workers, prefetch_factor, jpeg_draft) to try: each decoder, decode threads and worker
+def candidate_settings(usable_cpus, decoders, batch_size, seed):
+    """The settings to try, each a plan.Asked with every choice made: each decoder, decode threads and worker
     processes, from half the CPUs to one more than there are (JPEG draft only matters where the CPU decodes: on
-    the GPU it stays on)."""
+    the GPU it stays on); worker processes started afresh for each."""
     worker_counts = sorted({max(1, usable_cpus // 2), usable_cpus, usable_cpus + 1})
+    shared = {"batch_size": batch_size, "seed": seed, "persistent_workers": False}
     return [
-        (decoder, backend, workers, prefetch_factor, jpeg_draft)
+        plan.Asked(loader=choice, workers=workers, prefetch_factor=factor, jpeg_draft=draft, decode=decoder, **shared)
         for decoder in decoders
-        for backend in plan.BACKENDS
+        for choice in plan.LOADERS
         for workers in worker_counts
-        for prefetch_factor in PREFETCH_FACTORS
-        for jpeg_draft in (JPEG_DRAFT_CHOICES if decoder == "cpu" else (True,))
+        for factor in PREFETCH_FACTORS
+        for draft in (JPEG_DRAFT_CHOICES if decoder == "cpu" else (True,))
     ]
 
 
 def decoders_to_try(decoder, device, data):
-    """--decode as given: cpu or gpu alone; auto: both where auto would mean gpu (CUDA, and `data`, the plan's
-    plan.Data, mostly JPEGs), else cpu."""
+    """--decode as given: cpu or gpu alone; auto: both where auto would mean gpu (plan.auto_decoder, for
+    `data`, the plan's plan.Data), else cpu."""
     if decoder != "auto":
         return (decoder,)
-    return ("cpu", "gpu") if str(device).startswith("cuda") and data.mostly_jpegs else ("cpu",)
+    cuda = str(device).startswith("cuda")
+    return ("cpu", "gpu") if plan.auto_decoder(cuda, data.mostly_jpegs) == "gpu" else ("cpu",)
 
 
-def measure_images_per_sec(dataset, used, device, seconds):
-    """Images/s of the training loader of the loader plan `used` (and make_dataset's `dataset` for it) within
-    `seconds` of wall-clock time in all (the loader's start, each pass's first batch, the shut-down), the rate
-    leaving out each pass's first batch (the pipeline filling up, paid once per epoch)."""
+def measure_images_per_sec(index, image_size, used, device, seconds):
+    """Images/s of the training loader of the loader plan `used` on the samples of `index` within `seconds` of
+    wall-clock time in all (the loader's start, each pass's first batch, the shut-down), the rate leaving out
+    each pass's first batch (the pipeline filling up, paid once per epoch)."""
     deadline = time.monotonic() + seconds
     with warnings.catch_warnings():
         # Autotune times one worker more than there are CPUs on purpose: torch's warning about that setting
         # (when the loader is made, and at each pass) would only cut into the table.
         warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        train_loader = loader.build_loader(dataset, used, device)
-        to_device = device_decode.make_device_step(used.decode, device, dataset.image_size)
+        train_loader, _, to_device = build.build_input(used, image_size, device, index)
         images, elapsed, epoch = 0, 0.0, 0
         while time.monotonic() < deadline:
             train_loader.sampler.set_epoch(epoch)
@@ -88,45 +90,48 @@ def planned_settings(flags, device, data, decoders):
     they are left out."""
     here = machine.probe(cuda=str(device).startswith("cuda"))
     plans, skipped = [], []
-    for setting in candidate_settings(here.cpus, decoders):
-        decoder, backend, workers, prefetch_factor, jpeg_draft = setting
-        asked = plan.Asked(backend, workers, prefetch_factor, jpeg_draft, decoder, None, flags.batch_size, flags.seed)
+    for setting in candidate_settings(here.cpus, decoders, flags.batch_size, flags.seed):
         try:
-            used = plan.plan(dataclasses.replace(asked, persistent_workers=False), None, here, data)
+            used = plan.plan(setting, None, here, data)
         except plan.SharedMemoryError:
             used = None
-        as_asked = used is not None and (used.workers, used.prefetch_factor) == (workers, prefetch_factor)
+        planned = (used.workers, used.prefetch_factor) if used is not None else None
+        as_asked = planned == (setting.workers, setting.prefetch_factor)
         (plans if as_asked else skipped).append(used if as_asked else setting)
     return plans, skipped
 
 
 def likelihood_rank(setting, cpus):
-    """Where `setting` comes in the order of trying: train.py's defaults first (as many workers as CPUs,
-    default batches ahead, JPEG draft on), then other worker counts, then other prefetch factors, then draft off."""
-    decoder, backend, workers, prefetch_factor, jpeg_draft = setting
-    default_prefetch = plan.DEFAULT_THREAD_BATCHES_AHEAD if backend == "threads" else plan.DEFAULT_PREFETCH_FACTOR
+    """Where `setting` (a plan.Asked or LoaderPlan) comes in the order of trying: train.py's defaults first (as
+    many workers as CPUs, default batches ahead, JPEG draft on), then other worker counts, then other prefetch
+    factors, then draft off."""
+    threads = setting.loader == "threads"
+    default_prefetch = plan.DEFAULT_THREAD_BATCHES_AHEAD if threads else plan.DEFAULT_PREFETCH_FACTOR
     nearest_default_prefetch = min(PREFETCH_FACTORS, key=lambda factor: abs(factor - default_prefetch))
-    return (not jpeg_draft, prefetch_factor != nearest_default_prefetch, workers != cpus, backend != "threads", decoder)
+    return (
+        not setting.jpeg_draft,
+        setting.prefetch_factor != nearest_default_prefetch,
+        setting.workers != cpus,
+        not threads,
+        setting.decode,
+    )
 
 
-def setting_row(decoder, backend, workers, prefetch_factor, jpeg_draft):
-    return f"{decoder:>7} {backend:>9} {workers:>8} {prefetch_factor:>8} {'on' if jpeg_draft else 'off':>6}"
+def setting_row(setting):
+    """A plan.Asked or LoaderPlan as a row of the table: decode, loader, workers, prefetch, draft."""
+    draft = "on" if setting.jpeg_draft else "off"
+    return f"{setting.decode:>7} {setting.loader:>9} {setting.workers:>8} {setting.prefetch_factor:>8} {draft:>6}"
 
 
-def setting_of(used):
-    """A plan as the candidate setting it was made from: (decoder, backend, workers, prefetch_factor, jpeg_draft)."""
-    return used.decode, used.backend, used.workers, used.prefetch_factor, used.jpeg_draft
-
-
-def time_settings(datasets, plans, device, seconds_each, print_line):
-    """images/s of each plan in `plans`, seconds_each each, printed as a table: [(rate, *setting)]."""
+def time_settings(index, image_size, plans, device, seconds_each, print_line):
+    """images/s of each plan in `plans` on the samples of `index`, seconds_each each, printed as a table:
+    [(rate, plan)]."""
     print_line(f"{'decode':>7} {'loader':>9} {'workers':>8} {'prefetch':>8} {'draft':>6} {'images/s':>9}")
     results = []
     for used in plans:
-        datasets[used.decode].draft = used.jpeg_draft
-        rate = measure_images_per_sec(datasets[used.decode], used, device, seconds_each)
-        results.append((rate, *setting_of(used)))
-        print_line(f"{setting_row(*setting_of(used))} {rate:>9.1f}")
+        rate = measure_images_per_sec(index, image_size, used, device, seconds_each)
+        results.append((rate, used))
+        print_line(f"{setting_row(used)} {rate:>9.1f}")
     return results
 
 
@@ -141,10 +146,6 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
     possible = plan.decoders_possible(flags.decode, device.type == "cuda")
     data = device_decode.plan_data(index, flags.image_size, flags.batch_size, possible)
     decoders = decoders_to_try(flags.decode, device, data)
-    datasets = {
-        decoder: device_decode.make_dataset(decoder, index, flags.image_size, True, flags.seed, True)
-        for decoder in decoders
-    }
     fitting, skipped = planned_settings(flags, device, data, decoders)
     # The budget is the whole run's, from the process's start: what is left is shared by the settings, each
     # given at least MIN_SECONDS_EACH; where that leaves too little for all, the likeliest are tried first.
@@ -157,36 +158,30 @@ def tune(index, flags, device, key, print_line=print, started=0.0):
         )
         return None
     cpus = machine.usable_cpu_count()
-    fitting.sort(key=lambda used: likelihood_rank(setting_of(used), cpus))
+    fitting.sort(key=lambda used: likelihood_rank(used, cpus))
     untried = fitting[max(1, int(left // MIN_SECONDS_EACH)) :]
     fitting = fitting[: max(1, int(left // MIN_SECONDS_EACH))]
     seconds_each = left / len(fitting)
     print_line(f"autotune: {len(fitting)} settings x {seconds_each:.1f} s on {device}; {key}")
-    results = time_settings(datasets, fitting, device, seconds_each, print_line)
+    results = time_settings(index, flags.image_size, fitting, device, seconds_each, print_line)
     for setting in skipped:
-        print_line(f"{setting_row(*setting)}  skipped: /dev/shm too small")
+        print_line(f"{setting_row(setting)}  skipped: /dev/shm too small")
     if untried:
         print_line(
             f"autotune: {len(untried)} more settings not tried within --autotune-seconds "
             f"{flags.autotune_seconds:g} (at least {MIN_SECONDS_EACH:g} s each)"
         )
-    rate, decoder, backend, workers, prefetch_factor, jpeg_draft = max(results)
-    best = {
-        "decode": decoder,
-        "loader": backend,
-        "workers": workers,
-        "prefetch_factor": prefetch_factor,
-        "jpeg_draft": jpeg_draft,
-        "images_per_sec": rate,
-    }
+    rate, used = max(results, key=lambda result: result[0])
+    best = {name: getattr(used, name) for name in SAVED_FIELDS} | {"images_per_sec": rate}
     try:
         settings.save_setting(flags.autotune_file, key, {**best, "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         saved = f"saved to {flags.autotune_file} for runs with --workers auto"
     except OSError as error:  # a read-only home still gets the table
         saved = f"not saved: {error}"
     print_line(
-        f"autotune: best --decode {decoder}, --loader {backend}, {workers} workers x prefetch {prefetch_factor}, "
-        f"JPEG draft {'on' if jpeg_draft else 'off'}: {rate:.1f} images/s; {saved}"
+        f"autotune: best --decode {used.decode}, --loader {used.loader}, {used.workers} {plan.UNITS[used.loader]} x "
+        f"prefetch {used.prefetch_factor}, JPEG draft {'on' if used.jpeg_draft else 'off'}: {rate:.1f} images/s; "
+        f"{saved}"
     )
     return best
 

@@ -5,9 +5,9 @@ over --repetitions after a warm-up pass:
 
   naive              torchvision ImageFolder + RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize;
                      DataLoader(num_workers=0), float batches
-  classic            the same with min(8, usable CPUs) workers, pin_memory, prefetch_factor=2, persistent workers
-  torchlab           train.py's default pipeline, as --loader-only runs it (decode.ImageDataset,
-                     loader.build_loader, loader.BatchToDevice)
+  classic            the same with --workers auto's count of workers (plan.auto_workers), pin_memory,
+                     prefetch_factor=2, persistent workers
+  torchlab           train.py's default pipeline, as --loader-only runs it (build.build_input)
   torchlab-prepared  the same on a prepared copy (torchlab prepare) of the files
   own-create_loader  a user's own Dataset of the usual kind (paths in __init__, Image.open and a resize to 224 px
                      in __getitem__) through torchlab.pipeline.create_loader, the public way in
@@ -51,7 +51,7 @@ from torchvision import transforms
 
 from torchlab import config, io, machine, parsing, resolve
 from torchlab.data import decode, folder, prepared, splits
-from torchlab.pipeline import device_decode, loader, plan, public, sampler, threads
+from torchlab.pipeline import build, loader, plan, public, sampler, threads
 from torchlab.tools import bench_data, bench_gil
 
 DEFAULT_CACHE_DIR = "~/.cache/torchlab/bench"
@@ -83,18 +83,19 @@ def naive_transform(image_size):
 
 
 class Pipeline:
-    """A loader and what turns its batches into (images, labels) on the device."""
+    """A loader (data_loader), what turns its batches into (images, labels) on the device, and its --loader
+    (threads, or processes: any DataLoader) with its workers."""
 
-    def __init__(self, name, data_loader, to_device, workers):
+    def __init__(self, name, data_loader, to_device, workers, loader="processes"):
         self.name = name
-        self.loader = data_loader
+        self.data_loader = data_loader
         self.to_device = to_device
         self.workers = workers
-        self.backend = getattr(data_loader, "backend", "processes")
+        self.loader = loader
 
     def set_epoch(self, epoch):
-        if isinstance(self.loader.sampler, sampler.EpochSampler):
-            self.loader.sampler.set_epoch(epoch)
+        if isinstance(self.data_loader.sampler, sampler.EpochSampler):
+            self.data_loader.sampler.set_epoch(epoch)
 
 
 def torchvision_pipeline(name, train_root, batch_size, device, workers):
@@ -161,31 +162,30 @@ def own_dataset_pipelines(data_root, batch_size, device, workers):
         dataset, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **seed_settings
     )
     return {
-        OWN_CREATE_LOADER: Pipeline(OWN_CREATE_LOADER, tuned, OwnBatchToDevice(device), tuned.plan.workers),
+        OWN_CREATE_LOADER: Pipeline(
+            OWN_CREATE_LOADER, tuned, OwnBatchToDevice(device), tuned.plan.workers, tuned.plan.loader
+        ),
         OWN_DATALOADER: Pipeline(OWN_DATALOADER, by_hand, OwnBatchToDevice(device), workers),
     }
 
 
-def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu", backend="auto", workers="auto"):
-    """train.py's training loader with its defaults but for --batch-size, --decode `decoder`, --loader `backend`
+def torchlab_pipeline(name, data_root, batch_size, device, decoder="cpu", loader="auto", workers="auto"):
+    """train.py's training loader with its defaults but for --batch-size, --decode `decoder`, --loader `loader`
     and --workers `workers` (no saved autotune setting read), planned and built by the calls train.py makes."""
     flags = dataclasses.replace(
-        config.DEFAULTS, data=data_root, batch_size=batch_size, decode=decoder, loader=backend, workers=workers
+        config.DEFAULTS, data=data_root, batch_size=batch_size, decode=decoder, loader=loader, workers=workers
     )
     _, train_index, _ = splits.load_splits(data_root, flags.val_fraction, flags.seed)
     used = resolve.loader_plan(flags, str(device), train_index, read_tuned=False)
-    dataset = device_decode.make_dataset(used.decode, train_index, flags.image_size, True, used.seed, used.jpeg_draft)
-    data_loader = loader.build_loader(dataset, used, device)
-    return Pipeline(
-        name, data_loader, device_decode.make_device_step(used.decode, device, flags.image_size), used.workers
-    )
+    train_loader, _, to_device = build.build_input(used, flags.image_size, device, train_index)
+    return Pipeline(name, train_loader, to_device, used.workers, used.loader)
 
 
 def measure_pass(pipeline, epoch, device, consumer_seconds=0.0):
     """One pass: images/s, and the share of it spent waiting for batches when each takes consumer_seconds."""
     pipeline.set_epoch(epoch)
     consume = (lambda timing: time.sleep(consumer_seconds)) if consumer_seconds else None
-    timing = loader.timed_pass(pipeline.loader, pipeline.to_device, device, consume)
+    timing = loader.timed_pass(pipeline.data_loader, pipeline.to_device, device, consume)
     return {
         "images_per_sec": timing.images_per_sec,
         "data_wait_frac": timing.wait_seconds / (timing.seconds - timing.fill_seconds),
@@ -235,7 +235,7 @@ def transport_pipeline(length, batch_size, device):
     """Worker processes' way through /dev/shm, as the loader plan makes it for train.py's defaults."""
     image_size = config.DEFAULTS.image_size
     asked = dataclasses.replace(config.DEFAULTS.asked_loader(), loader="processes", decode="cpu", batch_size=batch_size)
-    data = plan.Data({"cpu": loader.batch_bytes(batch_size, image_size)})
+    data = plan.Data(batch_bytes={"cpu": loader.batch_bytes(batch_size, image_size)})
     used = plan.plan(asked, None, machine.probe(cuda=device.type == "cuda"), data)
     data_loader = loader.build_loader(ReadyMadeSamples(length, image_size), used, device)
     return Pipeline("transport", data_loader, KeepOnHost(), used.workers)
@@ -288,8 +288,8 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
         THREADS_PREPARED: prepared_index,
     }
     for name, index in ((name, index) for name, index in indexes.items() if name in pipelines):
-        dataset = pipelines[name].loader.dataset
-        collate = pipelines[name].loader.collate_fn  # the one build_loader chose for this dataset; None: in place
+        dataset = pipelines[name].data_loader.dataset
+        collate = pipelines[name].data_loader.collate_fn  # the one build_loader chose for this dataset; None: in place
         keys = [(position, 0) for position in range(min(STAGE_SAMPLES, len(index)))]
         worker_stage = "read file + augmentation draw" if name == GPU_DECODE else "decode+augmentation (fused)"
         if collate is None:  # decode threads write each sample into its slot: no collate, no transfer
@@ -304,7 +304,7 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
             samples = samples[:batch_size]
             collate_seconds, ((batch, labels, _),) = seconds_per_item(collate, [samples])
             stages = {worker_stage: worker_seconds, "collate": collate_seconds / len(samples)}
-            if pipelines[name].backend == "processes":
+            if pipelines[name].loader == "processes":
                 stages["transfer"] = 1 / transport_rates["uint8"]
         device_step = device_step_seconds(pipelines[name].to_device, batch, labels, device)
         stages["device step"] = device_step / len(batch)
@@ -320,7 +320,7 @@ def stage_timings(pipelines, train_index, prepared_index, batch_size, device, tr
 
 def own_dataset_stages(pipeline, batch_size, device):
     """Seconds per image of a user's own Dataset's __getitem__ and of the device step."""
-    dataset = pipeline.loader.dataset
+    dataset = pipeline.data_loader.dataset
     getitem_seconds, samples = seconds_per_item(dataset.__getitem__, range(min(STAGE_SAMPLES, len(dataset))))
     batch = torch.from_numpy(np.stack([image for image, _ in samples[:batch_size]]))
     labels = torch.tensor([label for _, label in samples[:batch_size]])
@@ -418,31 +418,31 @@ def process_tree_memory():
     return rss, pss
 
 
-def loader_memory(data_root, batch_size, backend):
+def loader_memory(data_root, batch_size, loader):
     """Resident memory (RSS and PSS, MB) of a fresh training process running train.py's loader with --loader
-    `backend`, its worker processes counted in, after a few batches. A process of its own, so that no other
+    `loader`, its worker processes counted in, after a few batches. A process of its own, so that no other
     pipeline's workers or buffers are counted."""
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=measure_loader_memory, args=(data_root, batch_size, backend, sender))
+    process = context.Process(target=measure_loader_memory, args=(data_root, batch_size, loader, sender))
     process.start()
     sender.close()
     try:
         return receiver.recv()
     except EOFError:
-        raise RuntimeError(f"the {backend} loader's memory measurement exited with {process.exitcode}") from None
+        raise RuntimeError(f"the {loader} loader's memory measurement exited with {process.exitcode}") from None
     finally:
         process.join()
 
 
-def measure_loader_memory(data_root, batch_size, backend, sender):
+def measure_loader_memory(data_root, batch_size, loader, sender):
     torch.set_num_threads(1)  # as in the bench's own process
-    pipeline = torchlab_pipeline(backend, data_root, batch_size, torch.device("cpu"), backend=backend)
-    batches = iter(pipeline.loader)
+    pipeline = torchlab_pipeline(loader, data_root, batch_size, torch.device("cpu"), loader=loader)
+    batches = iter(pipeline.data_loader)
     for _ in zip(range(3), batches, strict=False):
         pass
     rss, pss = process_tree_memory()
-    sender.send({"loader": backend, "workers": pipeline.workers, "rss_mb": rss / plan.MB, "pss_mb": pss / plan.MB})
+    sender.send({"loader": loader, "workers": pipeline.workers, "rss_mb": rss / plan.MB, "pss_mb": pss / plan.MB})
     # What the workers print as they stop ("terminate called without an active exception") is not the bench's.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
@@ -568,20 +568,18 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
     train_root = folder.train_folder(data_root)
     pipelines = {
         "naive": torchvision_pipeline("naive", train_root, batch_size, device, workers=0),
-        "classic": torchvision_pipeline(
-            "classic", train_root, batch_size, device, workers=min(plan.MAX_AUTO_WORKERS, cpus)
-        ),
-        "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device, backend="processes"),
+        "classic": torchvision_pipeline("classic", train_root, batch_size, device, workers=plan.auto_workers(cpus)),
+        "torchlab": torchlab_pipeline("torchlab", data_root, batch_size, device, loader="processes"),
         "torchlab-prepared": torchlab_pipeline(
-            "torchlab-prepared", prepared_root, batch_size, device, backend="processes"
+            "torchlab-prepared", prepared_root, batch_size, device, loader="processes"
         ),
-        THREADS: torchlab_pipeline(THREADS, data_root, batch_size, device, backend="threads"),
-        THREADS_PREPARED: torchlab_pipeline(THREADS_PREPARED, prepared_root, batch_size, device, backend="threads"),
-        **own_dataset_pipelines(data_root, batch_size, device, workers=min(plan.MAX_AUTO_WORKERS, cpus)),
+        THREADS: torchlab_pipeline(THREADS, data_root, batch_size, device, loader="threads"),
+        THREADS_PREPARED: torchlab_pipeline(THREADS_PREPARED, prepared_root, batch_size, device, loader="threads"),
+        **own_dataset_pipelines(data_root, batch_size, device, workers=plan.auto_workers(cpus)),
     }
     if device.type == "cuda" if gpu_decode is None else gpu_decode:  # --decode gpu: the workers read, the GPU decodes
         pipelines[GPU_DECODE] = torchlab_pipeline(GPU_DECODE, data_root, batch_size, device, decoder="gpu")
-    length = len(pipelines["torchlab"].loader.dataset)
+    length = len(pipelines["torchlab"].data_loader.dataset)
     transport = transport_pipeline(length, batch_size, device)
     float_transport = Pipeline(
         "transport-float",
@@ -596,7 +594,11 @@ def make_pipelines(data_root, prepared_root, batch_size, device, cpus, gpu_decod
     )
     ready = {
         f"{name}{READY_SUFFIX}": Pipeline(
-            f"{name}{READY_SUFFIX}", pipelines[name].loader, KeepOnHost(), transport.workers
+            f"{name}{READY_SUFFIX}",
+            pipelines[name].data_loader,
+            KeepOnHost(),
+            transport.workers,
+            pipelines[name].loader,
         )
         for name in ("torchlab", "torchlab-prepared", THREADS, THREADS_PREPARED, GPU_DECODE)
         if name in pipelines
@@ -633,7 +635,7 @@ def pipeline_rows(pipelines, runs, medians, waits, stages):
             "vs_naive": medians[name] / medians["naive"],
             "vs_classic": medians[name] / medians["classic"],
             "workers": pipeline.workers,
-            "loader": pipeline.backend,
+            "loader": pipeline.loader,
             "ready_images_per_sec": medians.get(f"{name}{READY_SUFFIX}"),
             **{key: statistics.median(wait[key] for wait in waits[name]) for key in waits[name][0] if "wait" in key},
             "fill_s": statistics.median(wait["fill_s"] for wait in waits[name]),
@@ -701,15 +703,15 @@ def run_bench(data_root, prepared_root, out_dir, batch_size, repetitions, device
         "stages": stages,
         "worker_memory": memory_measurements(prepared_root),
         "loader_memory": {
-            name: loader_memory(data_root, batch_size, pipelines[name].backend) for name in ("torchlab", THREADS)
+            name: loader_memory(data_root, batch_size, pipelines[name].loader) for name in ("torchlab", THREADS)
         },
-        "gil": bench_gil.measure(pipelines[THREADS].loader.dataset),  # train.py's ImageDataset, as the threads read it
+        # train.py's ImageDataset, as the threads read it
+        "gil": bench_gil.measure(pipelines[THREADS].data_loader.dataset),
     }
-    json_path, png_path = io.write_json_report(out_dir, "bench.json", report), os.path.join(out_dir, "bench.png")
+    png_path = os.path.join(out_dir, "bench.png")
+    os.makedirs(out_dir, exist_ok=True)
     plot(report, png_path)
-    for line in report_lines(report):
-        print_line(line)
-    print_line(f"wrote {json_path} and {png_path}")
+    io.write_report(out_dir, "bench.json", report, report_lines(report), print_line, beside=[png_path])
     return report
 
 

@@ -111,10 +111,8 @@ def write_bench_data(out_dir, images, seed=0, processes=None):
 
 
 def main(argv=None, prog="python -m torchlab.tools.bench_data"):
-    parser = parsing.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir", help="folder to create, e.g. ~/.cache/torchlab/bench-data-2000")
+    parser = sample_data.generated_folder_parser(prog, __doc__.split("\n\n")[0], "~/.cache/torchlab/bench-data-2000")
     parser.add_argument("--images", type=image_count, default=2000, help="training images (default: 2000)")
-    parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: 0)")
     args = parser.parse_args(argv)
     images = args.images + val_image_count(args.images)
     size = (images * IMAGE_BYTES, f"{images:,} images (--images {args.images} and {images - args.images:,} for val/)")

@@ -2,7 +2,7 @@
 
 Two measurements, and the prediction pipeline/gil.py makes of them:
 
-- the loader's own ceiling: samples/s through create_loader's thread backend on a Dataset whose sample is a
+- the loader's own ceiling: samples/s through create_loader's thread loader on a Dataset whose sample is a
   1 ms sleep (outside the GIL) and a small uint8 array, at 2 to 64 threads (ideal: 1000/s per thread). The
   samples cost nothing but the sleep, so the best rate is bounded by the loader's serial part, the GIL:
   1 / that rate is the loader's GIL-held seconds per sample (an upper bound on a machine with few CPUs).
@@ -54,10 +54,10 @@ class SleepingSamples(torch.utils.data.Dataset):
 
 
 def loader_rate(threads, batch_size=64):
-    """Samples/s through create_loader's thread backend with `threads` threads on SleepingSamples (best pass)."""
+    """Samples/s through create_loader's thread loader with `threads` threads on SleepingSamples (best pass)."""
     samples = SleepingSamples(LOADER_SAMPLES_PER_THREAD * threads)
     loader = public.create_loader(
-        samples, batch_size, shuffle=False, backend="threads", workers=threads, print_plan=None
+        samples, batch_size, shuffle=False, loader="threads", workers=threads, print_plan=None
     )
     rates = []
     for _ in range(LOADER_PASSES):

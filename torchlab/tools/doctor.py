@@ -472,14 +472,18 @@ def check_shared_memory(shm, outcome, processes=1):
     if isinstance(outcome, plan.SharedMemoryError):
         return Check("shared memory", FAIL, f"{outcome}: train.py stops", shared_memory_fix(0))
     used = outcome
-    if used.backend == "threads" or used.workers == 0:
-        why = f" ({used.reasons['backend']})" if "backend" in used.reasons else ""
-        units = "decode threads in the training process" if used.workers else "workers: decoded in the training loop"
+    if used.loader == "threads" or used.workers == 0:
+        why = f" ({used.reasons['loader']})" if "loader" in used.reasons else ""
+        units = (
+            f"{plan.UNITS['threads']} in the training process"
+            if used.workers
+            else "workers: decoded in the training loop"
+        )
         return Check(
             "shared memory",
             OK,
             f"not used: {used.workers} {units}{why}",
-            facts={"workers": used.workers, "backend": used.backend},
+            facts={"workers": used.workers, "loader": used.loader},
         )
     processes_text = f" ({processes} processes)" if processes > 1 else ""
     need_text = (
@@ -501,7 +505,7 @@ def check_shared_memory(shm, outcome, processes=1):
     return Check("shared memory", OK, detail, facts=facts)
 
 
-def check_cpus(workers, processes=1, cgroup_root=machine.CGROUP_ROOT, tuned=None, backend="processes"):
+def check_cpus(workers, processes=1, cgroup_root=machine.CGROUP_ROOT, tuned=None, loader="processes"):
     """CPUs this container may use (affinity and cgroup quota) against the loader workers (or decode threads) the
     plan uses. Workers from a saved autotune setting (tuned: the plan's reason for them) are what autotune
     measured fastest here: shown as such, not flagged, also where there are more of them than CPUs."""
@@ -509,7 +513,7 @@ def check_cpus(workers, processes=1, cgroup_root=machine.CGROUP_ROOT, tuned=None
     quota = machine.cgroup_cpu_limit(cgroup_root)
     usable = machine.usable_cpu_count(cgroup_root)
     quota_text = "no cgroup CPU quota" if quota is None else f"cgroup CPU quota {quota:g}"
-    units = "decode threads" if backend == "threads" else "loader workers"
+    units = plan.UNITS[loader]
     detail = (
         f"{usable} usable ({affinity} in the CPU affinity of {os.cpu_count()}, {quota_text}); "
         f"{workers} {units}{f' x {processes} processes' if processes > 1 else ''}"
@@ -521,7 +525,7 @@ def check_cpus(workers, processes=1, cgroup_root=machine.CGROUP_ROOT, tuned=None
             "cpus", OK, f"{detail}; {tuned.replace('autotuned', f'autotuned: {workers} {units}')}{more}", facts=facts
         )
     if workers * processes > usable:
-        fix = f"--workers {max(1, usable // processes)} (or auto), or give the container more CPUs (--cpus)"
+        fix = f"--workers {plan.auto_workers(usable, processes)} (or auto), or give the container more CPUs (--cpus)"
         return Check("cpus", WARN, detail + ": more workers than CPUs", fix=fix, facts=facts)
     if usable < 2:
         fix = "give the container more CPUs (docker run --cpus N): decoding images needs them"
@@ -572,9 +576,9 @@ def nvjpeg_error(device):
     return None if difference <= DEVICE_DECODE_TOLERANCE else f"its pixels differ by {difference:.1f} levels on average"
 
 
-def check_decoder(decoder, device, workers, autotuned):
-    """Where train.py will decode images on `device` (--decode as the loader plan resolves it), and for gpu
-    whether nvJPEG works on this GPU."""
+def check_decoder(decoder, device, workers, autotuned, loader="threads"):
+    """Where train.py will decode images on `device` (--decode as the loader plan resolves it) with `workers` of
+    --loader `loader`, and for gpu whether nvJPEG works on this GPU."""
     facts = {"decode": decoder, "autotuned": autotuned}
     if decoder == "gpu" and device == "cpu":
         return Check(
@@ -587,9 +591,9 @@ def check_decoder(decoder, device, workers, autotuned):
     how = " (autotuned)" if autotuned else ""
     if decoder == "cpu":
         why = ": no CUDA device" if device == "cpu" else ""
-        return Check("decoder", OK, f"cpu{how}: the {workers} loader workers decode{why}", facts=facts)
+        return Check("decoder", OK, f"cpu{how}: decoded by the {workers} {plan.UNITS[loader]}{why}", facts=facts)
     error = nvjpeg_error(torch.device(device))
-    detail = f"gpu{how}: nvJPEG on {device} decodes each batch; the {workers} loader workers read the files"
+    detail = f"gpu{how}: nvJPEG on {device} decodes each batch; the {workers} {plan.UNITS[loader]} read the files"
     if error is not None:
         fix = "train with --decode cpu (the workers decode), and check the GPU and driver on the host"
         return Check("decoder", FAIL, f"{detail}, but it fails here: {error}", fix=fix, facts=facts)
@@ -610,8 +614,8 @@ def loader_checks(flags, processes, index, device):
     decode_tuned = used.reasons.get("decode", "").startswith("autotuned")
     return [
         check_shared_memory(machine.shared_memory_bytes(), used, processes),
-        check_cpus(used.workers, processes, tuned=tuned, backend=used.backend),
-        check_decoder(used.decode, device, used.workers, decode_tuned),
+        check_cpus(used.workers, processes, tuned=tuned, loader=used.loader),
+        check_decoder(used.decode, device, used.workers, decode_tuned, used.loader),
     ]
 
 
@@ -625,7 +629,7 @@ def run_checks(
     processes=1,
     autotune_file=None,
     decoder=None,
-    backend=None,
+    loader=None,
 ):
     """Every check, as a Report (a list of Check). Arguments left None take train.py's defaults; the loader rows
     come from the loader plan train.py makes of them, with what torchlab autotune saved in autotune_file."""
@@ -638,7 +642,7 @@ def run_checks(
         "run_dir": run_dir,
         "autotune_file": autotune_file,
         "decode": decoder,
-        "loader": backend,
+        "loader": loader,
     }
     given = {name: value for name, value in asked.items() if value is not None}
     return checks_for(dataclasses.replace(config.DEFAULTS, **given), processes)

@@ -34,11 +34,10 @@ from torchvision.io import decode_jpeg
 
 from torchlab import config, distributed, io, machine, model, parsing, resolve, train
 from torchlab.data import decode, prepared, splits
-from torchlab.pipeline import device_decode, gil, loader
+from torchlab.pipeline import device_decode, gil, loader, plan
 from torchlab.tools import bench, bench_data, doctor
 
 DECODERS = ("cpu", "gpu")
-BACKENDS = ("threads", "processes")
 MODEL_ONLY_WARMUP_STEPS = 10  # --compile compiles in the first steps
 STREAM_CHECK_ROUNDS = 20
 FREED_BLOCKS, FREED_BLOCK_FLOATS = 32, 1 << 19  # 2 MB each: decoded images are carved out of such blocks
@@ -53,7 +52,7 @@ def decode_rates(roots, batch_size, device, passes, print_line):
             pipeline = bench.torchlab_pipeline(f"{source}-{decoder}", root, batch_size, device, decoder)
             for epoch in range(passes):
                 pipeline.set_epoch(epoch)
-                timing = loader.timed_pass(pipeline.loader, pipeline.to_device, device)
+                timing = loader.timed_pass(pipeline.data_loader, pipeline.to_device, device)
             rates[f"{source} --decode {decoder}"] = timing.images_per_sec
             print_line(f"decode: {source} --decode {decoder}: {timing.images_per_sec:.0f} images/s")
     return rates
@@ -81,17 +80,19 @@ def scaling_rates(data_root, batch_size, device, decoders, print_line):
     """images/s of train.py's loader on the raw files for each --loader, decoder and thread or worker count (the
     second of two passes): {"threads --decode cpu": {count: images/s}}."""
     rates = {}
-    for backend in BACKENDS:
+    for loader_choice in plan.LOADERS:
         for decoder in decoders:
-            name = f"{backend} --decode {decoder}"
+            name = f"{loader_choice} --decode {decoder}"
             rates[name] = {}
             for count in parallel_counts(machine.usable_cpu_count()):
-                pipeline = bench.torchlab_pipeline(name, data_root, batch_size, device, decoder, backend, count)
+                pipeline = bench.torchlab_pipeline(name, data_root, batch_size, device, decoder, loader_choice, count)
                 for epoch in range(2):
                     pipeline.set_epoch(epoch)
-                    timing = loader.timed_pass(pipeline.loader, pipeline.to_device, device)
+                    timing = loader.timed_pass(pipeline.data_loader, pipeline.to_device, device)
                 rates[name][count] = timing.images_per_sec
-                print_line(f"scaling: {name}, {count} {backend}: {timing.images_per_sec:.0f} images/s")
+                print_line(
+                    f"scaling: {name}, {count} {plan.UNITS[loader_choice]}: {timing.images_per_sec:.0f} images/s"
+                )
     return rates
 
 
@@ -108,7 +109,7 @@ def model_only_rates(args, compile_settings, print_line):
             setup = resolve.resolve(flags, processes)
         cfg, device = flags, torch.device(setup.device)
         network = model.build_model(cfg.arch, 1000)
-        to_device = device_decode.make_device_step("cpu", device, cfg.image_size)
+        to_device = loader.BatchToDevice(device)
         training = train.build_training(cfg, setup, network, args.steps, to_device, processes)
         host_images = torch.randint(0, 256, (cfg.batch_size, cfg.image_size, cfg.image_size, 3), dtype=torch.uint8)
         images, labels = training.to_device(host_images, torch.randint(0, 1000, (cfg.batch_size,)))
@@ -130,16 +131,17 @@ def training_runs(device_type):
     """(--loader, --decode, --compile) of each train.py run: every loader with each decoder, and the default
     with --compile. On the CPU (a dry run) --decode cpu alone (train.py refuses gpu) and no --compile."""
     if device_type != "cuda":
-        return [(backend, "cpu", False) for backend in BACKENDS]
-    return [(backend, decoder, False) for backend in BACKENDS for decoder in DECODERS] + [("threads", "cpu", True)]
+        return [(loader_choice, "cpu", False) for loader_choice in plan.LOADERS]
+    runs = [(loader_choice, decoder, False) for loader_choice in plan.LOADERS for decoder in DECODERS]
+    return runs + [(plan.DEFAULT_LOADER, "cpu", True)]
 
 
 def training_rates(data_root, args, print_line):
     """train.py's images/s and data-wait fraction for each of training_runs (medians of the interval records
     after the first), from its own metrics.jsonl."""
     results = {}
-    for backend, decoder, compiled in training_runs(args.device):
-        name = f"{backend} --decode {decoder}{' --compile' if compiled else ''}"
+    for loader_choice, decoder, compiled in training_runs(args.device):
+        name = f"{loader_choice} --decode {decoder}{' --compile' if compiled else ''}"
         with tempfile.TemporaryDirectory() as run_dir:
             flags = {
                 "--data": data_root,
@@ -150,7 +152,7 @@ def training_rates(data_root, args, print_line):
                 "--log-interval": max(1, args.steps // 5),
                 "--epochs": 1000,
                 "--device": args.device,
-                "--loader": backend,
+                "--loader": loader_choice,
                 "--decode": decoder,
                 "--resume": "none",
             }
@@ -211,7 +213,7 @@ def stream_check(data_root, batch_size, device, rounds=STREAM_CHECK_ROUNDS):
     while the sums still wait: a decoder that is handed a freed block and writes it early changes a sum."""
     pipeline = bench.torchlab_pipeline("stream-check", data_root, batch_size, device, "gpu")
     batches = []
-    for batch, labels, *_ in pipeline.loader:
+    for batch, labels, *_ in pipeline.data_loader:
         batches.append((batch, labels))
         if len(batches) == 4:
             break
@@ -336,10 +338,7 @@ def main(argv=None, prog="torchlab gpu-check"):
     }
     report["share_of_ceiling"] = share_of_ceiling(report["training"], report["model_only"])
     report["predicted"] = predicted_scaling(report["scaling"])
-    json_path = io.write_json_report(args.out_dir, "gpu_check.json", report)
-    for line in report_lines(report):
-        print_line(line)
-    print_line(f"wrote {json_path}")
+    io.write_report(args.out_dir, "gpu_check.json", report, report_lines(report), print_line)
 
 
 if __name__ == "__main__":

@@ -71,18 +71,25 @@ def write_sample_data(out_dir, classes, per_class, val_per_class, seed):
     return io.publish_folder(out_dir, write_into, settings)
 
 
+def generated_folder_parser(prog, description, example):
+    """The flags of a command that writes a generated ImageFolder: the folder (e.g. `example`) and --seed; the
+    command adds its counts."""
+    parser = parsing.OneLineErrorParser(prog=prog, description=description)
+    parser.add_argument("out_dir", help=f"folder to create, e.g. {example}")
+    parser.add_argument("--seed", type=parsing.seed, default=0, help="the same seed writes the same files (default: 0)")
+    return parser
+
+
 def main(argv=None, prog="torchlab sample-data"):
-    parser = parsing.OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir", help="folder to create, e.g. /workspace/sample-data")
-    parser.add_argument("--classes", type=int, default=4, help="number of classes (default: 4)")
-    parser.add_argument("--per-class", type=int, default=40, help="training images per class (default: 40)")
-    parser.add_argument("--val-per-class", type=int, default=10, help="validation images per class (default: 10)")
-    parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: 0)")
+    parser = generated_folder_parser(prog, __doc__.split("\n\n")[0], "/workspace/sample-data")
+    parser.add_argument("--classes", type=parsing.positive_int, default=4, help="number of classes (default: 4)")
+    parser.add_argument(
+        "--per-class", type=parsing.positive_int, default=40, help="training images per class (default: 40)"
+    )
+    parser.add_argument(
+        "--val-per-class", type=parsing.non_negative_int, default=10, help="validation images per class (default: 10)"
+    )
     args = parser.parse_args(argv)
-    minimums = {"classes": 1, "per_class": 1, "val_per_class": 0, "seed": 0}
-    for name, minimum in minimums.items():
-        if getattr(args, name) < minimum:
-            parser.error(f"--{name.replace('_', '-')}: expected an integer >= {minimum}, got {getattr(args, name)}")
     images = args.classes * (args.per_class + args.val_per_class)
     counts = f"--classes {args.classes} x (--per-class {args.per_class} + --val-per-class {args.val_per_class})"
     io.report_published(
