@@ -14,12 +14,22 @@ from helpers.ssh import ssh_banner
 IMAGE = os.environ.get("TORCHLAB_IMAGE", "torchlab")
 DOCKER = os.environ.get("DOCKER", "docker")
 
+# Start-log lines that several tests expect, for their allowed_log ({regex: why}).
+NO_AUTH = {r"^JUPYTER_NO_AUTH=yes: Jupyter runs with no token": "the operator turns Jupyter's auth off on purpose"}
+SECRETS_IN_ENV = {r"came in the container's environment": "the test gives secrets with -e, which the start warns of"}
+SERVICE_KILLED = {r"^(sshd|Jupyter) exited with status 137; stopping": "the test kills a service"}
 
-def docker(*args, check=True, timeout=120, **kwargs):
-    """Run the Docker CLI; text output; raise with stderr on failure when check."""
+
+def docker(*args, check=True, timeout=120, allowed_log=None, **kwargs):
+    """Run the Docker CLI; text output; raise with stderr on failure when check. A `docker run` in the
+    foreground that succeeds fails here if its start log has a WARNING or ERROR line that `allowed_log`
+    ({regex: why}) does not name (ContainerFactory checks the detached ones)."""
     result = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
     if check and result.returncode != 0:
         raise AssertionError(f"docker {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+    if args[0] == "run" and "-d" not in args and result.returncode == 0:
+        unexpected = unexpected_log_lines(result.stdout + result.stderr, allowed_log or {})
+        assert not unexpected, f"docker {' '.join(args)}: unexpected lines in the start log:\n" + "\n".join(unexpected)
     return result
 
 
@@ -28,6 +38,17 @@ def start_log(text, level):
     LEVEL[YYYY-MM-DD HH:MM:SS] message."""
     pattern = re.compile(rf"^{level}\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\] (.*)$")
     return [match[1] for match in map(pattern.match, text.splitlines()) if match]
+
+
+def unexpected_log_lines(text, allowed_log):
+    """The start log's WARNING and ERROR lines in `text` that no pattern of `allowed_log` ({regex: why it is
+    expected}) matches: docker-stacks' rule that a documented start logs neither unless a test says why."""
+    return [
+        f"{level}: {line}"
+        for level in ("WARNING", "ERROR")
+        for line in start_log(text, level)
+        if not any(re.search(pattern, line) for pattern in allowed_log)
+    ]
 
 
 def wait_for(condition, timeout, what, on_timeout=lambda: ""):
@@ -91,23 +112,32 @@ class Container:
 
 class ContainerFactory:
     """Starts containers of the image under test, SSH and Jupyter published on host ports Docker
-    picks, and removes every one it started."""
+    picks, and removes every one it started, failing if its start log has a WARNING or ERROR line that the
+    test did not name in `allowed_log` ({regex: why}) when it started it."""
 
     def __init__(self):
-        self.names = []
+        self.started = {}
 
-    def run(self, *docker_args, env=None, command=(), ready=True, shm_size="1g"):
+    def run(self, *docker_args, env=None, command=(), ready=True, shm_size="1g", allowed_log=None):
         name = f"torchlab-test-{uuid.uuid4().hex[:10]}"
         env_args = [arg for key, value in (env or {}).items() for arg in ("-e", f"{key}={value}")]
         options = ["-d", "--name", name, "--label", "torchlab.test=1", f"--shm-size={shm_size}"]
         ports = ["-p", "127.0.0.1::2222", "-p", "127.0.0.1::8888"]
         docker("run", *options, *ports, *env_args, *docker_args, IMAGE, *command)
-        self.names.append(name)
+        self.started[name] = allowed_log or {}
         container = Container(name)
         if ready:
             container.wait_ready()
         return container
 
     def remove_all(self):
-        for name in self.names:
+        unexpected = []
+        for name, allowed_log in self.started.items():
+            logs = docker("logs", name, check=False)
+            unexpected += [f"{name}: {line}" for line in unexpected_log_lines(logs.stdout + logs.stderr, allowed_log)]
             docker("rm", "-f", "-v", name, check=False)
+        self.started = {}
+        assert not unexpected, (
+            "unexpected lines in the start log (a test that expects one names it in allowed_log):\n"
+            + "\n".join(unexpected)
+        )

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from helpers.docker import IMAGE, docker, start_log, wait_for
+from helpers.docker import IMAGE, NO_AUTH, docker, start_log, wait_for
 from helpers.jupyter import TOKEN, http_status, jupyter_api
 from helpers.ssh import ssh
 
@@ -32,14 +32,16 @@ def test_jupyters_shut_down_restarts_it_and_ssh_work_goes_on(containers, ssh_key
 
 
 def test_restartable_no_keeps_docker_stacks_exit(containers):
-    container = containers.run(env={"JUPYTER_TOKEN": TOKEN, "RESTARTABLE": "no"})
+    stopped = {"Jupyter exited with status 0; stopping": "RESTARTABLE=no stops the container, as asked"}
+    container = containers.run(env={"JUPYTER_TOKEN": TOKEN, "RESTARTABLE": "no"}, allowed_log=stopped)
     http_status(f"http://127.0.0.1:{container.host_port(8888)}/api/shutdown", AUTH, method="POST")
     assert container.wait_exited(timeout=30) == 1
     assert "Jupyter exited with status 0; stopping the container" in start_log(container.logs(), "ERROR")
 
 
 def test_a_jupyter_that_keeps_dying_stops_the_container(containers):
-    container = containers.run(env={"JUPYTER_TOKEN": TOKEN, "DOCTOR_AT_START": "no"})
+    gave_up = {"Jupyter exited 6 times within a minute": "the test kills every Jupyter it starts"}
+    container = containers.run(env={"JUPYTER_TOKEN": TOKEN, "DOCTOR_AT_START": "no"}, allowed_log=gave_up)
     killed = set()
 
     def kill_the_next_jupyter():
@@ -160,7 +162,7 @@ def test_jupyter_env_vars_to_unset_as_docker_stacks_tests_it(user):
 
 
 def test_jupyter_no_auth_turns_auth_off_on_purpose_with_a_warning(containers):
-    container = containers.run(env={"JUPYTER_NO_AUTH": "yes"})
+    container = containers.run(env={"JUPYTER_NO_AUTH": "yes"}, allowed_log=NO_AUTH)
     assert http_status(f"http://127.0.0.1:{container.host_port(8888)}/api/contents") == 200
     warnings = start_log(container.logs(), "WARNING")
     assert len(warnings) == 1 and warnings[0].startswith("JUPYTER_NO_AUTH=yes: Jupyter runs with no token")

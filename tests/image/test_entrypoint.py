@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import repository
-from helpers.docker import IMAGE, docker, start_log, wait_for
+from helpers.docker import IMAGE, SERVICE_KILLED, docker, start_log, wait_for
 from helpers.host import require_tool
 from helpers.jupyter import http_status
 from helpers.ssh import ssh
@@ -95,7 +95,9 @@ def test_given_nb_uid_wins_over_the_workspace_owner(tmp_path):
     workspace = tmp_path / "ws"
     workspace.mkdir(mode=0o777)
     os.chown(workspace, 4321, 4321)
-    out = docker("run", "--rm", "-e", "NB_UID=1500", "-v", f"{workspace}:/workspace", IMAGE, "id", "-u").stdout
+    not_theirs = {"could not copy the notebooks into /workspace": "the mounted /workspace is 4321's, not 1500's"}
+    run = ("run", "--rm", "-e", "NB_UID=1500", "-v", f"{workspace}:/workspace", IMAGE, "id", "-u")
+    out = docker(*run, allowed_log=not_theirs).stdout
     assert out.split()[-1] == "1500"
 
 
@@ -137,7 +139,9 @@ def test_a_failing_hook_is_logged_and_the_start_goes_on(tmp_path):
     script.write_text("#!/bin/sh\nexit 1\n")
     script.chmod(0o755)
     mount = f"{hooks}:/usr/local/bin/before-notebook.d:ro"
-    result = docker("run", "--rm", "-v", mount, IMAGE, "sh", "-c", "echo OTHER_VAR=$OTHER_VAR", check=False)
+    failed = {r"^hook: .* has failed, continuing execution": "the hooks fail on purpose"}
+    run = ("run", "--rm", "-v", mount, IMAGE, "sh", "-c", "echo OTHER_VAR=$OTHER_VAR")
+    result = docker(*run, check=False, allowed_log=failed)
     assert result.returncode == 0, result.stderr
     assert "ran-on" in result.stdout and "OTHER_VAR=456" in result.stdout
     for name in ("20-last-line-fails.sh", "30-exits-1"):
@@ -174,7 +178,7 @@ def test_docker_stop_ends_both_services_within_2_seconds(containers):
 @pytest.mark.parametrize("service", ["sshd", "jupyter"])
 def test_container_exits_non_zero_when_a_service_dies(containers, service):
     # Jupyter is started again unless RESTARTABLE=no (test_docker_stacks_dropin.py).
-    container = containers.run(env={"RESTARTABLE": "no"} if service == "jupyter" else {})
+    container = containers.run(env={"RESTARTABLE": "no"} if service == "jupyter" else {}, allowed_log=SERVICE_KILLED)
     pattern = "/usr/sbin/sshd -D" if service == "sshd" else "jupyter-notebook|jupyter notebook"
     container.exec("pkill", "-KILL", "-o", "-f", pattern)
     assert container.wait_exited(timeout=20) != 0
@@ -268,8 +272,13 @@ def test_small_dev_shm_is_told_when_the_services_start(containers):
     assert command.stderr == "", command.stderr
 
 
+SUDO_SKIPPED = {"^GRANT_SUDO: skipped": "GRANT_SUDO=yes with a non-root --user: the WARNING is what is tested"}
+
+
 def test_the_start_log_has_docker_stacks_levels_and_quiet_keeps_warnings_alone():
-    setup = docker("run", "--rm", "--user", "1000:100", "-e", "GRANT_SUDO=yes", IMAGE, "echo", "ran")
+    setup = docker(
+        "run", "--rm", "--user", "1000:100", "-e", "GRANT_SUDO=yes", IMAGE, "echo", "ran", allowed_log=SUDO_SKIPPED
+    )
     assert setup.stdout == "ran\n"  # the start log is on stderr alone
     warnings = start_log(setup.stderr, "WARNING")
     assert len(warnings) == 1 and warnings[0].startswith("GRANT_SUDO: skipped"), setup.stderr
@@ -277,8 +286,22 @@ def test_the_start_log_has_docker_stacks_levels_and_quiet_keeps_warnings_alone()
     assert start_log(root, "INFO") == ["GRANT_SUDO: jovyan may use sudo without a password"], root
     quiet_env = ["-e", "JUPYTER_DOCKER_STACKS_QUIET=1", "-e", "GRANT_SUDO=yes"]
     assert docker("run", "--rm", *quiet_env, IMAGE, "true").stderr == ""
-    quiet = docker("run", "--rm", "--user", "1000:100", *quiet_env, IMAGE, "true").stderr
+    quiet = docker("run", "--rm", "--user", "1000:100", *quiet_env, IMAGE, "true", allowed_log=SUDO_SKIPPED).stderr
     assert start_log(quiet, "WARNING") == warnings and quiet.count("\n") == 1, quiet
+
+
+def test_a_start_log_warning_no_test_expects_fails_the_test(containers):
+    # docker-stacks' rule, kept by helpers.docker for every container a test starts, foreground or detached.
+    skipped = ("--user", "1000:100", "-e", "GRANT_SUDO=yes")
+    with pytest.raises(AssertionError, match="unexpected lines in the start log:\nWARNING: GRANT_SUDO: skipped"):
+        docker("run", "--rm", *skipped, IMAGE, "true")
+    container = containers.run(*skipped, command=("sleep", "60"), ready=False)
+    wait_for(lambda: "GRANT_SUDO" in container.logs(), 60, "the start log", container.logs)
+    with pytest.raises(AssertionError, match=f"{container.name}: WARNING: GRANT_SUDO: skipped"):
+        containers.remove_all()
+    expected = containers.run(*skipped, command=("sleep", "60"), ready=False, allowed_log=SUDO_SKIPPED)
+    wait_for(lambda: "GRANT_SUDO" in expected.logs(), 60, "the start log", expected.logs)
+    containers.remove_all()
 
 
 def test_quiet_keeps_the_line_with_a_random_token(containers):

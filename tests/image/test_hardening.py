@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from helpers.docker import IMAGE, docker, wait_for
+from helpers.docker import IMAGE, SECRETS_IN_ENV, SERVICE_KILLED, docker, wait_for
 from helpers.host import require_tool
 from helpers.jupyter import TOKEN, api, base_url, execute, http_status
 from helpers.ssh import SSH_OPTIONS, ssh
@@ -197,7 +197,7 @@ def test_effective_jupyter_config_keeps_xsrf_and_origins(services):
 
 def test_no_secret_in_world_readable_files_of_a_running_container(containers, tmp_path):
     password = "pw-" + hashlib.sha256(str(time.time()).encode()).hexdigest()[:16]
-    container = containers.run(env={"JUPYTER_PASSWORD": password})
+    container = containers.run(env={"JUPYTER_PASSWORD": password}, allowed_log=SECRETS_IN_ENV)
     token_container = containers.run(env={"JUPYTER_TOKEN": TOKEN})
     for target, secret in [(container, password), (token_container, TOKEN)]:
         # As `nobody`: what any other user in the container could read.
@@ -216,6 +216,7 @@ def test_restart_policy_brings_it_back_with_the_same_host_keys_and_token(contain
             "-v",
             f"{volume}:/etc/ssh/host_keys",
             env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1]},
+            allowed_log=SERVICE_KILLED,
         )
         before = container.exec("cat", "/etc/ssh/host_keys/ssh_host_ed25519_key.pub").stdout
         started = time.monotonic()

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from helpers.docker import docker
+from helpers.docker import SECRETS_IN_ENV, docker
 from helpers.jupyter import TOKEN, api, base_url, execute, http_status
 
 
@@ -82,7 +82,7 @@ def login_with_password(container, password):
 
 def test_password_is_stored_only_as_an_argon2_hash(containers):
     password = "correct horse " + uuid.uuid4().hex
-    container = containers.run(env={"JUPYTER_PASSWORD": password})
+    container = containers.run(env={"JUPYTER_PASSWORD": password}, allowed_log=SECRETS_IN_ENV)
     assert login_with_password(container, "wrong password") == 403
     assert login_with_password(container, password) == 200
     pid = container.exec("pgrep", "-f", "jupyter-notebook|jupyter notebook").stdout.split()[0]

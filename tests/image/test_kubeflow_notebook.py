@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.docker import docker, wait_for
+from helpers.docker import NO_AUTH, docker, wait_for
 from helpers.jupyter import http_status, jupyter_api
 from helpers.ssh import ssh
 from test_persistent_installs import build_wheel
@@ -30,7 +30,8 @@ def manifest_env():
 def start_workbench(containers, volume, ssh_key, user_args):
     """A container started as the controller would start the pod; ready when SSH and Jupyter at the prefix answer."""
     env = {**manifest_env(), "NB_PREFIX": PREFIX, "SSH_PUBLIC_KEY": ssh_key[1]}
-    container = containers.run("-v", f"{volume}:/home/jovyan", *user_args, env=env, ready=False)
+    # The resource turns auth off (its gateway authenticates); the start warns all the same, as it should.
+    container = containers.run("-v", f"{volume}:/home/jovyan", *user_args, env=env, ready=False, allowed_log=NO_AUTH)
     url = f"http://127.0.0.1:{container.host_port(8888)}{PREFIX}"
     wait_for(lambda: container.ssh_ready() and http_status(f"{url}/api") == 200, 90, "the workbench", container.logs)
     return container, url

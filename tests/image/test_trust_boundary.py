@@ -14,7 +14,7 @@ import tarfile
 
 import pytest
 
-from helpers.docker import DOCKER, IMAGE, docker, start_log, wait_for
+from helpers.docker import DOCKER, IMAGE, SECRETS_IN_ENV, docker, start_log, wait_for
 from helpers.jupyter import TOKEN, http_status
 from helpers.ssh import ssh
 
@@ -64,7 +64,7 @@ ROOT_EXECS = [
 ]
 
 
-def start(containers, mode, ssh_key, tmp_path, env=None, args=()):
+def start(containers, mode, ssh_key, tmp_path, env=None, args=(), allowed_log=None):
     """A container in start mode `mode`, with the test key, probed by its healthcheck every second."""
     docker_args = [*args] if "--no-healthcheck" in args else ["--health-interval=1s", *args]
     if mode != "root":
@@ -74,7 +74,8 @@ def start(containers, mode, ssh_key, tmp_path, env=None, args=()):
         workspace.mkdir()
         os.chown(workspace, 1010, 0)
         docker_args += ["-v", f"{workspace}:/workspace"]
-    return containers.run(*docker_args, env={"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1], **(env or {})})
+    env = {"JUPYTER_TOKEN": TOKEN, "SSH_PUBLIC_KEY": ssh_key[1], **(env or {})}
+    return containers.run(*docker_args, env=env, allowed_log=allowed_log)
 
 
 def as_user(container, ssh_key, script):
@@ -170,7 +171,9 @@ def test_chown_extra_refuses_a_link_the_user_planted(containers, ssh_key, tmp_pa
     (workspace / "shared").mkdir(parents=True)
     os.chown(workspace, 1000, 100)
     env = {"CHOWN_EXTRA": "/workspace/shared", "CHOWN_EXTRA_OPTS": opts}
-    container = start(containers, "root", ssh_key, tmp_path, env=env, args=("-v", f"{workspace}:/workspace"))
+    refused = {"CHOWN_EXTRA: /workspace/shared is a symbolic link": "the user planted the link; the start refuses it"}
+    args = ("-v", f"{workspace}:/workspace")
+    container = start(containers, "root", ssh_key, tmp_path, env=env, args=args, allowed_log=refused)
     assert (workspace / "shared").stat().st_uid == 1000  # chowned at the first start, as asked
     as_user(container, ssh_key, f"rm -rf /workspace/shared && ln -s {target} /workspace/shared")
     docker("restart", "-t", "10", container.name, timeout=60)
@@ -236,7 +239,9 @@ def test_no_secret_is_readable_by_the_user(containers, ssh_key, tmp_path, mode):
     env = {**SECRETS, "JUPYTER_ENV_VARS_TO_UNSET": "HF_TOKEN,WANDB_API_KEY", "JUPYTER_TOKEN": ""}
     # Docker runs the healthcheck (as `docker exec`) with the container's configured environment, and as
     # the user in a start without root: the start warns of that below; here the probe is left out.
-    container = start(containers, mode, ssh_key, tmp_path, env=env, args=("--no-healthcheck",))
+    container = start(
+        containers, mode, ssh_key, tmp_path, env=env, args=("--no-healthcheck",), allowed_log=SECRETS_IN_ENV
+    )
     # In every mode, as an admin's `docker exec -u jovyan` hands the container's environment to the user.
     warnings = [line for line in start_log(container.logs(), "WARNING") if "docker exec" in line]
     assert len(warnings) == 1 and "JUPYTER_PASSWORD HF_TOKEN WANDB_API_KEY" in warnings[0], container.logs()
@@ -262,7 +267,9 @@ def test_the_documented_exec_as_the_user_hands_over_no_secret(containers, ssh_ke
     # An admin's `docker exec -u jovyan` gives the user the operator's -e secrets (Docker passes the container's
     # environment to every exec); docs/security.md recommends `runuser -l`, which starts the user's side without it.
     env = {**SECRETS, "JUPYTER_ENV_VARS_TO_UNSET": "HF_TOKEN,WANDB_API_KEY", "JUPYTER_TOKEN": ""}
-    container = start(containers, "root", ssh_key, tmp_path, env=env, args=("--no-healthcheck",))
+    container = start(
+        containers, "root", ssh_key, tmp_path, env=env, args=("--no-healthcheck",), allowed_log=SECRETS_IN_ENV
+    )
     plain = container.exec("sh", "-c", "tr '\\0' '\\n' </proc/self/environ", user="jovyan").stdout
     assert SECRETS["JUPYTER_PASSWORD"] in plain  # what the warning is about
     probe = "id -u; pwd; tr '\\0' '\\n' </proc/self/environ; python -c 'import site; print(site.getusersitepackages())'"
@@ -402,7 +409,8 @@ def test_a_restart_as_the_user_gets_past_what_the_user_left_in_its_files(contain
 @pytest.mark.parametrize("mode", MODES)
 def test_a_folder_the_user_makes_unreadable_stops_no_later_start(containers, ssh_key, tmp_path, mode):
     # Issue 44: chmod 000 on a folder of theirs under /run/torchlab, or on /workspace, made the next start exit 1.
-    container = start(containers, mode, ssh_key, tmp_path)
+    shut_out = {r"^/workspace \(d-.* cannot be entered by UID": "the user made /workspace unreadable on purpose"}
+    container = start(containers, mode, ssh_key, tmp_path, allowed_log=shut_out)
     script = "for d in /run/torchlab/*/ /workspace; do [ -O ${d%/} ] && chmod 000 ${d%/} && echo ${d%/}; done; true"
     made = as_user(container, ssh_key, script).split()
     assert any(path.startswith("/run/torchlab/") for path in made), made  # the runtime folder, in every mode
