@@ -146,9 +146,12 @@ ENV PATH=/opt/env/bin:$PATH \
 # start, so no two containers share them. git-lfs is set up in /etc/gitconfig, for every user;
 # `vim` is vim-tiny (which names itself vi only).
 # pandoc is left out: 187 MB, for nbconvert's LaTeX and reST exports alone (docs/workstation.md).
+# The upgrade brings the base's own packages to Debian's security updates at each build (a base tag such as
+# Miniconda's is never rebuilt upstream; the weekly rebuilds read no cache, so they take every update).
 # hadolint ignore=DL3008
 RUN --mount=type=secret,id=ca_bundle \
     apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         openssh-server openssh-sftp-server tini procps iproute2 rsync tmux sudo libnss-wrapper libjpeg62-turbo \
         ca-certificates git less nano g++ \

@@ -66,13 +66,18 @@ SUB_MAKE = $(MAKE) --no-print-directory DOCKER=$(DOCKER_CLI) CA_BUNDLE=$(CA_BUND
 
 .DEFAULT_GOAL := help
 .PHONY: help build base-debian image run stop compose-up compose-down multinode bench gpu-check tag push shell test test-static test-unit \
-	test-image test-smoke lint export-env clean
+	test-image test-smoke lint export-env ci-act clean
+
+# |-separated lines as aligned columns, indented (column -t needs bsdextrautils, absent from a bare Debian).
+align_columns = awk -F'|' '{ for (i = 1; i <= NF; i++) { cell[NR, i] = $$i; if (length($$i) > width[i]) width[i] = length($$i) } \
+	fields[NR] = NF } END { for (r = 1; r <= NR; r++) { line = " "; for (i = 1; i <= fields[r]; i++) \
+	line = line " " (i < fields[r] ? sprintf("%-" width[i] "s", cell[r, i]) : cell[r, i]); print line } }'
 
 help: ## show this help
 	@echo "Targets:"
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1|\2/' | column -t -s'|'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/\1|\2/' | $(align_columns)
 	@echo "Variables:"
-	@grep -E '^[A-Z_]+ \?=.*## ' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?= ?(.*)## (.*)/  \1|[\2]|\3/' | column -t -s'|'
+	@grep -E '^[A-Z_]+ \?=.*## ' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?= ?(.*)## (.*)/\1|[\2]|\3/' | $(align_columns)
 
 build: ## build the image of FLAVOUR (ENV_SOURCE=auto, conda or pypi)
 	+@$(if $(call build_setting,BUILD_FIRST),$(SUB_MAKE) base-debian)
@@ -172,7 +177,7 @@ shell: ## a shell in a throwaway container, as the user
 # The start's parts (image/start/) are checked as entrypoint.sh sources them, where what they share is declared.
 lint: $(VENV)/.done ## hadolint, shellcheck, ruff, the workflows against GitHub's schema
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/shellcheck -x --check-sourced entrypoint.sh image/services/*.sh .ci/run buildtools/detect-build benchmarks/*.sh \
+	$(VENV)/bin/shellcheck -x --check-sourced entrypoint.sh image/services/*.sh .ci/run .ci/act buildtools/detect-build benchmarks/*.sh \
 		.github/ci/*
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(VENV)/bin/ruff check .
@@ -207,6 +212,11 @@ export-env: ## write the built env (less torchlab itself) to LOCK_DIR/<what is i
 		out=$(LOCK_DIR)/$$tag.pypi.txt; \
 		$(DOCKER_CLI) run --rm --entrypoint pip $(IMAGE) freeze --all --exclude torchlab > $$out.tmp; \
 	fi && mv $$out.tmp $$out && echo "wrote $$out" || { rm -f $(LOCK_DIR)/*.tmp; exit 1; }
+
+ci-act: ## the hosted workflows under act, as far as this machine allows (docs/building.md): the release's schedule with no tag, ci's non-conda leg end to end, the release up to its push into a local registry
+	DOCKER=$(DOCKER_CLI) bash .ci/act release-schedule
+	DOCKER=$(DOCKER_CLI) bash .ci/act ci
+	DOCKER=$(DOCKER_CLI) bash .ci/act release
 
 clean: ## remove the image, stopped test containers, the venv and caches
 	-$(DOCKER_CLI) rm -f $$($(DOCKER_CLI) ps -aq --filter label=torchlab.test) 2>/dev/null

@@ -21,7 +21,12 @@ def test_env_has_no_vulnerability_that_the_docs_do_not_list(tmp_path):
     report = tmp_path / "audit.json"
     audit = [sys.executable, "-m", "pip_audit", "--no-deps", "--disable-pip", "--progress-spinner", "off"]
     audit += ["-r", str(tmp_path / "requirements.txt"), "-f", "json", "-o", str(report)]
-    subprocess.run(audit, capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(audit, capture_output=True, text=True, timeout=600, check=False)
+    if not report.exists():
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        if "SSLError" in last or "ConnectionError" in last:
+            pytest.skip(f"no vulnerability database answered from here: {last}")
+        pytest.fail(f"pip-audit wrote no report (exit {result.returncode}): {last}")
     dependencies = json.loads(report.read_text())["dependencies"]
     audited = [d for d in dependencies if "skip_reason" not in d]
     if not audited:

@@ -3,6 +3,7 @@ schema; these tests check what the schema cannot. Each check is a function of th
 run on the real files and again on a mutated copy that it must reject (a renamed target, a dropped matrix
 entry, a branch trigger, an echoed secret)."""
 
+import itertools
 import os
 import re
 import subprocess
@@ -365,3 +366,109 @@ def test_the_weekly_release_without_a_version_tag_ends_cleanly_and_runs_no_relea
         subprocess.run([*git, "tag", tag], check=True)
     assert run_version_step(tmp_path, "schedule")[:2] == (0, "tag=v0.10.0\n")
     assert run_version_step(tmp_path, "push", "v0.9.2")[:2] == (0, "tag=v0.9.2\n")
+
+
+# ---------------------------------------------------------------- what a first hosted run trips on
+def first_run_problems(workflows, ci_run):
+    """Per workflow (name -> parsed): what the issue's list of likely failures names, where it is still there."""
+    problems = []
+    for name, workflow in workflows.items():
+        if name != "gpu-check.yml" and (workflow.get("defaults") or {}).get("run", {}).get("shell") != "bash":
+            problems.append(f"{name}: run steps are bash -e alone, without pipefail")
+        for step in steps(workflow):
+            if "actions/checkout" in step.get("uses", "") and (step.get("with") or {}).get("persist-credentials", True):
+                problems.append(f"{name}: a checkout leaves the token in .git/config")
+    test = workflows["ci.yml"]["jobs"]["test"]
+    before_checkout = "".join(s.get("run", "") for s in itertools.takewhile(lambda s: "uses" not in s, test["steps"]))
+    if 'git config --global --add safe.directory "$GITHUB_WORKSPACE"' not in before_checkout:
+        problems.append("ci.yml: git refuses the checkout in the job container (dubious ownership)")
+    own_socket = test["env"].get("DOCKER_HOST", "unix:///var/run/docker.sock") != "unix:///var/run/docker.sock"
+    if not (own_socket and 'dockerd --host "$socket"' in ci_run):
+        problems.append("ci.yml: the tests reach the runner host's engine, which lacks the job's paths and 127.0.0.1")
+    flags = next(s for s in test["steps"] if s.get("name") == "bash .ci/run")["env"]["TORCHLAB_BUILD_FLAGS"]
+    if "mode=min" not in flags:
+        problems.append("ci.yml: the GHA cache exports every build stage")
+    scan = next(s["run"] for s in steps(workflows["release.yml"]) if "trivy" in s.get("run", ""))
+    if "--severity HIGH,CRITICAL" not in scan:
+        problems.append("release.yml: the scan fails on every severity")
+    if not re.search(r"^command -v npm >/dev/null \|\| apt-get install .* nodejs npm\b", ci_run, flags=re.M):
+        problems.append(".ci/run: no npm, so the devcontainer and JupyterHub tests skip")
+    return problems
+
+
+def all_workflows():
+    return {path.name: yaml.safe_load(path.read_text()) for path in WORKFLOWS}
+
+
+def test_what_a_first_hosted_run_trips_on_is_answered():
+    checkouts = [s for w in all_workflows().values() for s in steps(w) if "checkout" in s.get("uses", "")]
+    assert len(checkouts) == 4 and all(s["with"]["persist-credentials"] is False for s in checkouts)
+    assert first_run_problems(all_workflows(), (ROOT / ".ci/run").read_text()) == []
+
+
+def test_each_first_run_failure_put_back_is_caught():
+    workflows = all_workflows()
+    del workflows["ci.yml"]["defaults"]
+    workflows["release.yml"]["jobs"]["release"]["steps"][0]["with"]["persist-credentials"] = True
+    git = workflows["ci.yml"]["jobs"]["test"]["steps"][0]
+    git["run"] = git["run"].replace("safe.directory", "user.name")
+    del workflows["ci.yml"]["jobs"]["test"]["env"]["DOCKER_HOST"]
+    ci_run = (ROOT / ".ci/run").read_text().replace(" nodejs npm", "")
+    assert first_run_problems(workflows, ci_run) == [
+        "ci.yml: run steps are bash -e alone, without pipefail",
+        "release.yml: a checkout leaves the token in .git/config",
+        "ci.yml: git refuses the checkout in the job container (dubious ownership)",
+        "ci.yml: the tests reach the runner host's engine, which lacks the job's paths and 127.0.0.1",
+        ".ci/run: no npm, so the devcontainer and JupyterHub tests skip",
+    ]
+
+
+def run_tag_step(repository, tag, default_branch="main"):
+    """The release job's tag checkout, run in a clone of `repository`: (exit code, stdout)."""
+    script = next(s["run"] for s in load("release.yml")["jobs"]["release"]["steps"] if s.get("id") == "tag")
+    (repository.parent / "outputs").write_text("")
+    env = {
+        **os.environ,
+        "tag": tag,
+        "DEFAULT_BRANCH": default_branch,
+        "GITHUB_OUTPUT": str(repository.parent / "outputs"),
+    }
+    result = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", script], cwd=repository, env=env, capture_output=True, text=True, check=False
+    )
+    return result.returncode, result.stdout
+
+
+def test_the_release_takes_its_versions_lock_from_the_default_branch(tmp_path):
+    origin, clone = tmp_path / "origin", tmp_path / "clone"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", "-C", str(origin)]
+    origin.mkdir()
+    subprocess.run([*git, "init", "-q"], check=True)
+    (origin / "VERSION").write_text("0.3.0\n")
+    subprocess.run([*git, "add", "VERSION"], check=True)
+    subprocess.run([*git, "commit", "-qm", "0.3.0"], check=True)
+    subprocess.run([*git, "tag", "v0.3.0"], check=True)
+    (origin / "locks").mkdir()
+    for name in ("py313-cu132-0.3.0.pypi.txt", "py313-cu132-0.2.0.pypi.txt"):
+        (origin / "locks" / name).write_text("torch==2.15.0\n")
+    subprocess.run([*git, "add", "locks"], check=True)
+    subprocess.run([*git, "commit", "-qm", "the release's lock"], check=True)
+    subprocess.run(["git", "clone", "-q", str(origin), str(clone)], check=True)
+
+    assert run_tag_step(clone, "v0.3.0") == (0, "release: locks/py313-cu132-0.3.0.pypi.txt from main\n")
+    assert sorted(p.name for p in (clone / "locks").iterdir()) == ["py313-cu132-0.3.0.pypi.txt"]
+    assert (tmp_path / "outputs").read_text() == "name=v0.3.0\n"
+    assert run_tag_step(clone, "v0.3.0", default_branch="gone")[0] != 0
+
+
+def runtime_stage_upgrades(dockerfile):
+    """Whether the runtime stage upgrades the base's Debian packages before it installs its own: a base tag that
+    upstream never rebuilds (Miniconda's) then still gets Debian's security updates in the weekly rebuilds."""
+    runtime = dockerfile.split(" AS runtime\n", 1)[1]
+    return bool(re.search(r"apt-get update \\\n && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y \\\n", runtime))
+
+
+def test_the_weekly_rebuilds_take_debians_security_updates():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert runtime_stage_upgrades(dockerfile)
+    assert not runtime_stage_upgrades(dockerfile.replace("apt-get upgrade -y", "apt-get autoremove -y"))
