@@ -18,6 +18,7 @@ SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
 REPORTS ?=## folder for the test targets' JUnit XML reports (the hosted CI uploads them); empty = none
 UNIT_TIMEOUT ?= 1500## seconds before a hung `make test-unit` is stopped, every thread's stack printed (about 630 s here)
 IMAGE_TIMEOUT ?= 3000## seconds before a hung `make test-image` is interrupted, its fixtures torn down (about 1400 s here)
+IMAGE_WORKERS ?= 2## pytest processes of `make test-image`, each taking whole test files (most of a test is waiting on a container)
 BENCH_IMAGES ?= 2000## images generated (once, into .cache/bench) for `make bench`
 TRAIN_ARGS ?=## train.py flags of `make multinode`, e.g. "--arch resnet18 --epochs 1"
 
@@ -194,7 +195,7 @@ test-unit: ## the torchlab package's and benchmarks/ tests, on the CPU, inside t
 
 test-image: $(VENV)/.done ## tests of the built image with real clients (ssh, HTTP, websocket)
 	TORCHLAB_IMAGE=$(IMAGE) DOCKER=$(DOCKER_CLI) TORCHLAB_CA_BUNDLE=$(CA_BUNDLE_FILE) \
-		timeout -s INT -k 120 $(IMAGE_TIMEOUT) $(VENV)/bin/pytest -s tests/image $(call junit,image)
+		timeout -s INT -k 120 $(IMAGE_TIMEOUT) $(VENV)/bin/pytest -n $(IMAGE_WORKERS) --dist loadfile tests/image $(call junit,image)
 
 # What the image's contents, an ssh login and a Jupyter kernel need: .ci/run's check of the flavours it does not test in full.
 SMOKE_TESTS := tests/image/test_container.py tests/image/test_ssh.py tests/image/test_jupyter.py

@@ -104,7 +104,9 @@ def test_accepted_flags_train(sample_set, capsys, signal_handlers_restored, argv
 
 
 @settings(
-    max_examples=200,
+    # Each example is a whole run of train.py (over a second here), in each flavour's CI run: 100 draw each flag
+    # with accepted values about 12 times on average, and with generated text about twice.
+    max_examples=100,
     deadline=None,
     database=None,  # the source is mounted read-only in the image
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
