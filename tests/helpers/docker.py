@@ -27,7 +27,8 @@ def docker(*args, check=True, timeout=120, allowed_log=None, **kwargs):
     result = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
     if check and result.returncode != 0:
         raise AssertionError(f"docker {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
-    if args[0] == "run" and "-d" not in args and result.returncode == 0:
+    options = args[: args.index(IMAGE)] if IMAGE in args else args  # not the container's command's own -d
+    if args[0] == "run" and not {"-d", "--detach"} & set(options) and result.returncode == 0:
         unexpected = unexpected_log_lines(result.stdout + result.stderr, allowed_log or {})
         assert not unexpected, f"docker {' '.join(args)}: unexpected lines in the start log:\n" + "\n".join(unexpected)
     return result

@@ -201,11 +201,13 @@ def test_lab_is_served_beside_notebook_and_jupyter_ui_picks_the_url(containers, 
     browser_page.call("Page.navigate", url=url.replace(":8888/", f":{port}/"))
     screenshot = ARTIFACTS / "jupyterlab-launcher.png"
     try:
+        # The launcher's element comes before its cards: the kernel list is a request of its own.
+        launcher_text = "document.querySelector('.jp-Launcher')?.innerText ?? ''"
         wait_for(
-            lambda: browser_page.evaluate("document.querySelectorAll('.jp-Launcher').length") > 0,
+            lambda: "Python 3" in browser_page.evaluate(launcher_text),
             120,
-            "JupyterLab's launcher",
+            "JupyterLab's launcher with a Python 3 kernel",
+            lambda: browser_page.evaluate(launcher_text),
         )
-        assert "Python 3" in browser_page.evaluate("document.querySelector('.jp-Launcher').innerText")
     finally:
         browser_page.screenshot(screenshot)
