@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -58,7 +59,7 @@ class DevToolsPage:
             raise AssertionError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def click(self, selector, text):
+    def click(self, selector, text, timeout=30):
         """Move to, press and release the mouse on the first `selector` element whose text is `text`."""
         centre_of_element = f"""(() => {{
             const element = [...document.querySelectorAll({json.dumps(selector)})]
@@ -66,10 +67,22 @@ class DevToolsPage:
             const box = element && element.getBoundingClientRect();
             return box && box.width > 0 ? {{x: box.x + box.width / 2, y: box.y + box.height / 2}} : null;
         }})()"""
-        centre = wait_for(lambda: self.evaluate(centre_of_element), 30, f"{text!r} ({selector}) on the page")
+        centre = wait_for(lambda: self.evaluate(centre_of_element), timeout, f"{text!r} ({selector}) on the page")
         for event in ("mouseMoved", "mousePressed", "mouseReleased"):
             click = {} if event == "mouseMoved" else {"clickCount": 1}
             self.call("Input.dispatchMouseEvent", type=event, x=centre["x"], y=centre["y"], button="left", **click)
+
+    def menu_command(self, menu, item, timeout=60):
+        """Click `item` of the menu bar's `menu`. The menu is clicked again while none has opened: on a busy
+        machine the menu bar shows, and may still move, before a click on it opens anything."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.click(".lm-MenuBar-itemLabel", menu)
+            try:
+                return self.click(".lm-Menu-itemLabel", item, timeout=5)
+            except AssertionError:
+                if time.monotonic() > deadline or self.evaluate("document.querySelector('.lm-Menu') !== null"):
+                    raise
 
     def screenshot(self, path):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -153,8 +153,7 @@ def test_browser_runs_the_environment_notebook_and_shows_the_doctor_table(notebo
             "the notebook's cells in the page",
         )
         wait_for(lambda: notebook_kernel_state(port) == "idle", 120, "the notebook's kernel to start and be idle")
-        page.click(".lm-MenuBar-itemLabel", "Run")
-        page.click(".lm-Menu-itemLabel", "Run All Cells")
+        page.menu_command("Run", "Run All Cells")
         rows = wait_for(
             lambda: page.evaluate("document.querySelectorAll('.jp-OutputArea table.torchlab-doctor tbody tr').length"),
             180,

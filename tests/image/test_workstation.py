@@ -127,8 +127,7 @@ def test_browser_shows_a_tqdm_widget_and_an_ipympl_canvas(services, browser_page
             "the notebook's cells in the page",
         )
         wait_for(lambda: kernel_idle(services, WIDGETS_NOTEBOOK), 120, "the notebook's kernel to start and be idle")
-        page.click(".lm-MenuBar-itemLabel", "Run")
-        page.click(".lm-Menu-itemLabel", "Run All Cells")
+        page.menu_command("Run", "Run All Cells")
         # Until both have shown, or a failure has: then the asserts say which.
         wait_for(lambda: settled(page.evaluate(PAGE_STATE)), 120, "the progress widget and the figure's canvas")
         state = page.evaluate(PAGE_STATE)
