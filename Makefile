@@ -17,7 +17,7 @@ JUPYTER_HOST_PORT ?= 8888## host port of Jupyter for `make run` (127.0.0.1 only)
 SSH_HOST_PORT ?= 2222## host port of sshd for `make run` (127.0.0.1 only)
 REPORTS ?=## folder for the test targets' JUnit XML reports (the hosted CI uploads them); empty = none
 UNIT_TIMEOUT ?= 1500## seconds before a hung `make test-unit` is stopped, every thread's stack printed (about 630 s here)
-IMAGE_TIMEOUT ?= 3000## seconds before a hung `make test-image` is interrupted, its fixtures torn down (about 1700 s on two CPUs)
+IMAGE_TIMEOUT ?= 3000## seconds before a hung `make test-image` is interrupted, its fixtures torn down (1200-1700 s measured on two CPUs)
 IMAGE_WORKERS ?= 2## pytest processes of `make test-image`, each taking whole test files (a test's containers, browser and clients keep the CPUs busy: more processes than CPUs gains little)
 BENCH_IMAGES ?= 2000## images generated (once, into .cache/bench) for `make bench`
 TRAIN_ARGS ?=## train.py flags of `make multinode`, e.g. "--arch resnet18 --epochs 1"
